@@ -1,0 +1,38 @@
+"""speculative: exact speculative decoding for JAX/Flax models (T5X style)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="speculative",
+    version="0.1.0",
+    description="Exact batched speculative decoding for JAX/Flax encoder-decoder and decoder-only LMs",
+    packages=find_packages(include=["speculative", "speculative.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "flax>=0.10.0",
+        "optax>=0.2.2",
+        "gin-config>=0.5.0",
+        "numpy>=1.26",
+        "msgpack>=1.0",
+        "tensorstore>=0.1.60",
+        "safetensors>=0.4",
+        "sentencepiece>=0.2.0",
+        "tokenizers>=0.19",
+        "gguf>=0.10.0",
+        "jinja2>=3.1",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=8.0",
+            "ruff>=0.5",
+            "scipy>=1.11",
+            # Test oracles only; torch 2.13.0 CPU is the build this project tests against.
+            "torch>=2.2",
+            "transformers>=4.45",
+        ],
+        "seqio": ["seqio>=0.0.19"],
+    },
+)

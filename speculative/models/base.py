@@ -1,0 +1,141 @@
+"""The model interface every family implements, and the KV-cache helpers they share.
+
+A model is a small Python object (hashable, so it can be a static argument of `jax.jit`) that wraps a
+flax.linen module. Decoding only ever calls the four members of `LanguageModel`:
+
+    params = model.init_params(rng)
+    state = model.init_state(params, batch, max_len)    # allocate cache (and encode, for enc-dec)
+    logits, state = model.extend(params, state, tokens)  # tokens [B, L] -> logits [B, L, V] float32
+
+`DecodeState.index[b]` is the number of valid cache positions of row b. `extend` writes its L new keys
+and values at index[b] .. index[b] + L - 1 of each row and attends causally by absolute position, so a
+rollback after a rejected draft is just `state.replace(index=...)`: stale slots beyond the index are
+hidden by the causal mask and overwritten by the next write (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+Params = Any
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """Explicit decode state of one model.
+
+    Attributes:
+      cache: per-layer dict {"key": [B, S, Hkv, D], "value": [B, S, Hkv, D]}.
+      index: [B] int32, number of valid positions in each row's cache.
+      extras: model-specific constants computed once in `init_state` (e.g. T5's encoder outputs and
+        cross-attention keys/values); None for decoder-only models.
+    """
+
+    cache: dict[str, dict[str, jax.Array]]
+    index: jax.Array
+    extras: Any = None
+
+    @property
+    def max_len(self) -> int:
+        """Static cache length S."""
+        first = next(iter(self.cache.values()))
+        return first["key"].shape[1]
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """What decoding needs from a model family (decoder-only or encoder-decoder)."""
+
+    config: Any
+    is_encoder_decoder: bool
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def init_params(self, rng: jax.Array) -> Params: ...
+
+    def init_state(self, params: Params, batch: Batch, max_len: int) -> DecodeState: ...
+
+    def extend(
+        self, params: Params, state: DecodeState, tokens: jax.Array
+    ) -> tuple[jax.Array, DecodeState]: ...
+
+
+def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:
+    """Writes update[b] into buffer[b] starting at index[b] along axis 1.
+
+    Args:
+      buffer: [B, S, ...].
+      update: [B, L, ...] with the same trailing dims.
+      index: [B] int32 start offsets. Callers guarantee index[b] + L <= S (lax.dynamic_update_slice
+        would otherwise clamp the start and write in the wrong place).
+    Returns:
+      [B, S, ...] buffer with the rows updated.
+    """
+
+    def one_row(buf, upd, start):
+        starts = (start,) + (0,) * (buf.ndim - 1)
+        return jax.lax.dynamic_update_slice(buf, upd.astype(buf.dtype), starts)
+
+    return jax.vmap(one_row)(buffer, update, index)
+
+
+def query_positions(index: jax.Array, length: int) -> jax.Array:
+    """Absolute positions [B, L] of L tokens appended at per-row offsets index [B]."""
+    return index[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+
+
+def causal_cache_mask(positions: jax.Array, cache_len: int) -> jax.Array:
+    """Boolean mask [B, 1, L, S]: query at absolute position t sees cache slots 0..t."""
+    slots = jnp.arange(cache_len, dtype=jnp.int32)
+    return (slots[None, None, None, :] <= positions[:, None, :, None])
+
+
+def attend(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    bias: jax.Array | None = None,
+    scale: float = 1.0,
+) -> jax.Array:
+    """Grouped-query dot-product attention with softmax in float32.
+
+    Args:
+      query: [B, L, H, D].
+      key, value: [B, S, Hkv, D] with H a multiple of Hkv (GQA; Hkv == H is plain multi-head).
+      mask: boolean, broadcastable to [B, H, L, S]; False positions are excluded.
+      bias: optional additive bias broadcastable to [B, H, L, S] (T5 relative positions).
+      scale: multiplier on query.key (1/sqrt(D) for LLaMA; 1 for T5, folded into the query kernel).
+    Returns:
+      [B, L, H, D] in the query dtype.
+    """
+    batch, length, heads, head_dim = query.shape
+    kv_heads = key.shape[2]
+    groups = heads // kv_heads
+    q = query.reshape(batch, length, kv_heads, groups, head_dim)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, key, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, heads, length, key.shape[1]) * scale
+    if bias is not None:
+        scores = scores + bias.astype(jnp.float32)
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+    weights = weights.reshape(batch, kv_heads, groups, length, key.shape[1])
+    out = jnp.einsum("bkgls,bskd->blkgd", weights, value)
+    return out.reshape(batch, length, heads, head_dim).astype(query.dtype)
+
+
+def init_kv_cache(
+    num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype: Any
+) -> dict[str, dict[str, jax.Array]]:
+    """Zeroed cache {"layers_i": {"key", "value": [B, S, Hkv, D]}} for num_layers layers."""
+    shape = (batch, max_len, kv_heads, head_dim)
+    return {
+        f"layers_{i}": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+        for i in range(num_layers)
+    }

@@ -1,0 +1,275 @@
+"""Decoder-only transformer LM with the LLaMA / Qwen2 / SmolLM layout.
+
+Pre-norm RMSNorm blocks, rotary position embeddings (rotate-half convention, as in the Hugging Face
+checkpoints), grouped-query attention, SwiGLU MLP, optional QKV bias (Qwen2), tied or untied output
+embedding. Parameter names follow T5X's decoder naming; every parameter carries logical axis names
+(`vocab`, `embed`, `heads`, `kv_heads`, `kv`, `mlp`) for SPMD partitioning rules.
+
+Parameter tree (E = emb_dim, H = num_heads, K = num_kv_heads, D = head_dim, M = mlp_dim, V = vocab):
+    token_embedder/embedding                        [V, E]
+    layers_{i}/pre_self_attention_layer_norm/scale  [E]
+    layers_{i}/self_attention/query/kernel          [E, H, D]   (+ bias [H, D] if qkv_bias)
+    layers_{i}/self_attention/{key,value}/kernel    [E, K, D]   (+ bias [K, D] if qkv_bias)
+    layers_{i}/self_attention/out/kernel            [H, D, E]
+    layers_{i}/pre_mlp_layer_norm/scale             [E]
+    layers_{i}/mlp/{wi_0 (gate), wi_1 (up)}/kernel  [E, M]
+    layers_{i}/mlp/wo/kernel                        [M, E]
+    decoder_norm/scale                              [E]
+    logits_dense/kernel                             [E, V]      (absent when tie_word_embeddings)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from speculative.models import base
+from speculative.models.base import DecodeState
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    emb_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_seq_len: int = 4096  # model context: prompt + generated tokens must fit
+    dtype: str = "float32"  # activations and KV cache; logits and softmax are always float32
+    embedding_init_std: float = 1.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DecoderConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"DecoderConfig.head_dim must be even for RoPE, got {self.head_dim}")
+
+
+def _param(module: nn.Module, name: str, shape, axes, std: float, dtype=jnp.float32):
+    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+    return module.param(name, init, shape, dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, rotate-half convention. x: [B, L, H, D]; positions: [B, L]."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, D/2]
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],)
+        )
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class Projection(nn.Module):
+    """x @ kernel (+ bias), contracting the last `in_dims` axes of x with the leading axes of kernel."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    in_dims: int = 1
+    use_bias: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        fan_in = 1
+        for d in self.shape[: self.in_dims]:
+            fan_in *= d
+        kernel = _param(self, "kernel", self.shape, self.axes, fan_in**-0.5)
+        letters = "defgh"
+        x_in = letters[: self.in_dims]
+        out = letters[self.in_dims : len(self.shape)]
+        y = jnp.einsum(f"...{x_in},{x_in}{out}->...{out}", x, kernel.astype(x.dtype))
+        if self.use_bias:
+            out_shape, out_axes = self.shape[self.in_dims :], self.axes[self.in_dims :]
+            y = y + _param(self, "bias", out_shape, out_axes, 0.0).astype(x.dtype)
+        return y
+
+
+class SelfAttention(nn.Module):
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x, positions, layer_cache, index, mask):
+        cfg = self.config
+        e, h, k, d = cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_proj = Projection((e, h, d), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias, name="query")
+        k_proj = Projection((e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="key")
+        v_proj = Projection(
+            (e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="value"
+        )
+        query = apply_rope(q_proj(x), positions, cfg.rope_theta)
+        key = apply_rope(k_proj(x), positions, cfg.rope_theta)
+        value = v_proj(x)
+        keys = base.write_rows(layer_cache["key"], key, index)
+        values = base.write_rows(layer_cache["value"], value, index)
+        attended = base.attend(query, keys, values, mask, scale=d**-0.5)
+        out = Projection((h, d, e), ("heads", "kv", "embed"), in_dims=2, name="out")(attended)
+        return out, {"key": keys, "value": values}
+
+
+class MLP(nn.Module):
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x):
+        e, m = self.config.emb_dim, self.config.mlp_dim
+        gate = Projection((e, m), ("embed", "mlp"), name="wi_0")(x)
+        up = Projection((e, m), ("embed", "mlp"), name="wi_1")(x)
+        return Projection((m, e), ("mlp", "embed"), name="wo")(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x, positions, layer_cache, index, mask):
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        normed = RMSNorm(cfg.norm_eps, dtype, name="pre_self_attention_layer_norm")(x)
+        attn, layer_cache = SelfAttention(cfg, name="self_attention")(
+            normed, positions, layer_cache, index, mask
+        )
+        x = x + attn
+        normed = RMSNorm(cfg.norm_eps, dtype, name="pre_mlp_layer_norm")(x)
+        return x + MLP(cfg, name="mlp")(normed), layer_cache
+
+
+class DecoderStack(nn.Module):
+    """tokens [B, L] at absolute positions [B, L] -> logits [B, L, V] float32, updated cache."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache, index):
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        embedder = nn.Embed(
+            cfg.vocab_size,
+            cfg.emb_dim,
+            embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(stddev=cfg.embedding_init_std), ("vocab", "embed")
+            ),
+            name="token_embedder",
+        )
+        x = embedder(tokens).astype(dtype)
+        mask = base.causal_cache_mask(positions, cache["layers_0"]["key"].shape[1])
+        new_cache = {}
+        for i in range(cfg.num_layers):
+            name = f"layers_{i}"
+            x, new_cache[name] = DecoderLayer(cfg, name=name)(x, positions, cache[name], index, mask)
+        x = RMSNorm(cfg.norm_eps, dtype, name="decoder_norm")(x).astype(jnp.float32)
+        if cfg.tie_word_embeddings:
+            logits = embedder.attend(x)
+        else:
+            logits = LogitsDense(cfg.vocab_size, name="logits_dense")(x)
+        return logits.astype(jnp.float32), new_cache
+
+
+class LogitsDense(nn.Module):
+    vocab_size: int
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = _param(self, "kernel", (x.shape[-1], self.vocab_size), ("embed", "vocab"),
+                        x.shape[-1] ** -0.5)
+        return jnp.einsum("...e,ev->...v", x, kernel.astype(jnp.float32))
+
+
+class DecoderLM:
+    """Decoder-only LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
+
+    is_encoder_decoder = False
+
+    def __init__(self, config: DecoderConfig):
+        self.config = config
+        self.module = DecoderStack(config)
+
+    def __eq__(self, other):
+        return isinstance(other, DecoderLM) and other.config == self.config
+
+    def __hash__(self):
+        return hash((DecoderLM, self.config))
+
+    def __repr__(self):
+        return f"DecoderLM({self.config})"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def _dummy_inputs(self):
+        cache = base.init_kv_cache(
+            self.config.num_layers, 1, 1, self.config.num_kv_heads, self.config.head_dim,
+            jnp.dtype(self.config.dtype),
+        )
+        zeros = jnp.zeros((1, 1), jnp.int32)
+        return zeros, zeros, cache, jnp.zeros((1,), jnp.int32)
+
+    def init_params(self, rng: jax.Array) -> base.Params:
+        """Random parameters (float32) with the tree documented at the top of this module."""
+        variables = self.module.init(rng, *self._dummy_inputs())
+        return nn.unbox(variables["params"])
+
+    def logical_axes(self) -> base.Params:
+        """Tree of `PartitionSpec`s of logical axis names, matching `init_params`."""
+        shapes = jax.eval_shape(self.module.init, jax.random.PRNGKey(0), *self._dummy_inputs())
+        return nn.get_partition_spec(shapes)["params"]
+
+    def init_state(self, params: base.Params, batch: base.Batch, max_len: int) -> DecodeState:
+        """Empty cache of length max_len for batch["prompt"].shape[0] rows, index 0."""
+        del params
+        prompt = batch["prompt"]
+        if prompt.shape[1] > max_len:
+            raise ValueError(
+                f"prompt length {prompt.shape[1]} is longer than the cache length {max_len}"
+            )
+        cfg = self.config
+        cache = base.init_kv_cache(
+            cfg.num_layers, prompt.shape[0], max_len, cfg.num_kv_heads, cfg.head_dim,
+            jnp.dtype(cfg.dtype),
+        )
+        return DecodeState(cache=cache, index=jnp.zeros((prompt.shape[0],), jnp.int32))
+
+    def extend(
+        self, params: base.Params, state: DecodeState, tokens: jax.Array
+    ) -> tuple[jax.Array, DecodeState]:
+        """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32."""
+        length = tokens.shape[1]
+        if length > state.max_len:
+            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
+        positions = base.query_positions(state.index, length)
+        logits, cache = self.module.apply(
+            {"params": params}, tokens, positions, state.cache, state.index
+        )
+        return logits, state.replace(cache=cache, index=state.index + length)

@@ -1,0 +1,48 @@
+"""What every vocabulary offers, and the draft/target compatibility check."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Vocabulary(Protocol):
+    """A tokenizer usable by decoding jobs.
+
+    tokens: the piece of every id, index = id (len(tokens) may be < the model's padded vocab size).
+    """
+
+    eos_id: int
+
+    @property
+    def tokens(self) -> Sequence[str]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def check_compatible(draft: Vocabulary, target: Vocabulary) -> None:
+    """Raises ValueError naming the first difference between two vocabularies.
+
+    Speculative decoding compares draft and target probabilities token by token, so the two must
+    assign every id the same piece and agree on EOS.
+    """
+    draft_tokens, target_tokens = list(draft.tokens), list(target.tokens)
+    if len(draft_tokens) != len(target_tokens):
+        raise ValueError(
+            f"draft and target vocabularies differ in size: draft has {len(draft_tokens)} tokens, "
+            f"target has {len(target_tokens)}"
+        )
+    for token_id, (d, t) in enumerate(zip(draft_tokens, target_tokens)):
+        if d != t:
+            raise ValueError(
+                f"draft and target vocabularies differ at token id {token_id}: "
+                f"draft has {d!r}, target has {t!r}"
+            )
+    if draft.eos_id != target.eos_id:
+        raise ValueError(
+            f"draft and target vocabularies disagree on EOS: draft {draft.eos_id}, "
+            f"target {target.eos_id}"
+        )
