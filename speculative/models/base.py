@@ -93,7 +93,7 @@ def query_positions(index: jax.Array, length: int) -> jax.Array:
 def causal_cache_mask(positions: jax.Array, cache_len: int) -> jax.Array:
     """Boolean mask [B, 1, L, S]: query at absolute position t sees cache slots 0..t."""
     slots = jnp.arange(cache_len, dtype=jnp.int32)
-    return (slots[None, None, None, :] <= positions[:, None, :, None])
+    return slots[None, None, None, :] <= positions[:, None, :, None]
 
 
 def attend(

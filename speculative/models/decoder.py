@@ -49,7 +49,14 @@ class DecoderConfig:
     embedding_init_std: float = 1.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "emb_dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"DecoderConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
@@ -123,8 +130,12 @@ class SelfAttention(nn.Module):
     def __call__(self, x, positions, layer_cache, index, mask):
         cfg = self.config
         e, h, k, d = cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_proj = Projection((e, h, d), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias, name="query")
-        k_proj = Projection((e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="key")
+        q_proj = Projection(
+            (e, h, d), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias, name="query"
+        )
+        k_proj = Projection(
+            (e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="key"
+        )
         v_proj = Projection(
             (e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="value"
         )
@@ -187,7 +198,9 @@ class DecoderStack(nn.Module):
         new_cache = {}
         for i in range(cfg.num_layers):
             name = f"layers_{i}"
-            x, new_cache[name] = DecoderLayer(cfg, name=name)(x, positions, cache[name], index, mask)
+            x, new_cache[name] = DecoderLayer(cfg, name=name)(
+                x, positions, cache[name], index, mask
+            )
         x = RMSNorm(cfg.norm_eps, dtype, name="decoder_norm")(x).astype(jnp.float32)
         if cfg.tie_word_embeddings:
             logits = embedder.attend(x)
@@ -201,8 +214,9 @@ class LogitsDense(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kernel = _param(self, "kernel", (x.shape[-1], self.vocab_size), ("embed", "vocab"),
-                        x.shape[-1] ** -0.5)
+        kernel = _param(
+            self, "kernel", (x.shape[-1], self.vocab_size), ("embed", "vocab"), x.shape[-1] ** -0.5
+        )
         return jnp.einsum("...e,ev->...v", x, kernel.astype(jnp.float32))
 
 
@@ -230,7 +244,11 @@ class DecoderLM:
 
     def _dummy_inputs(self):
         cache = base.init_kv_cache(
-            self.config.num_layers, 1, 1, self.config.num_kv_heads, self.config.head_dim,
+            self.config.num_layers,
+            1,
+            1,
+            self.config.num_kv_heads,
+            self.config.head_dim,
             jnp.dtype(self.config.dtype),
         )
         zeros = jnp.zeros((1, 1), jnp.int32)
@@ -256,7 +274,11 @@ class DecoderLM:
             )
         cfg = self.config
         cache = base.init_kv_cache(
-            cfg.num_layers, prompt.shape[0], max_len, cfg.num_kv_heads, cfg.head_dim,
+            cfg.num_layers,
+            prompt.shape[0],
+            max_len,
+            cfg.num_kv_heads,
+            cfg.head_dim,
             jnp.dtype(cfg.dtype),
         )
         return DecodeState(cache=cache, index=jnp.zeros((prompt.shape[0],), jnp.int32))

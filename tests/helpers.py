@@ -1,0 +1,111 @@
+"""Small real models and exact-distribution utilities shared by the tests."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from speculative import sampling
+from speculative.models import decoder
+
+
+def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, seed: int):
+    """A random-weight DecoderLM and its params (untied output, so logits are ~N(0, 1))."""
+    config = decoder.DecoderConfig(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=emb // heads,
+        mlp_dim=2 * emb,
+        qkv_bias=True,
+        max_seq_len=256,
+    )
+    model = decoder.DecoderLM(config)
+    return model, model.init_params(jax.random.PRNGKey(seed))
+
+
+def ragged_prompts(rng_seed: int, batch: int, width: int, vocab: int, low: int = 1):
+    """Right-padded random prompts with lengths 1..width (first row full, second row length 1)."""
+    rng = np.random.default_rng(rng_seed)
+    lengths = rng.integers(1, width + 1, size=batch)
+    lengths[0], lengths[min(1, batch - 1)] = width, 1 if batch > 1 else width
+    prompt = rng.integers(low, vocab, size=(batch, width))
+    prompt = np.where(np.arange(width)[None, :] < lengths[:, None], prompt, 0)
+    return {
+        "prompt": jnp.asarray(prompt, jnp.int32),
+        "prompt_lengths": jnp.asarray(lengths, jnp.int32),
+    }
+
+
+def exact_sequence_probs(
+    model,
+    params,
+    prompt: list[int],
+    length: int,
+    vocab: int,
+    eos_id: int,
+    cfg: sampling.SamplingConfig,
+) -> dict[tuple[int, ...], float]:
+    """Exact probability of every generated sequence (stopping at EOS or `length` tokens).
+
+    Teacher-forces the model on every prefix of the sequence tree (one batched call per depth).
+    """
+    probs: dict[tuple[int, ...], float] = {}
+    frontier = {(): 1.0}
+    for _ in range(length):
+        prefixes = list(frontier)
+        rows = [prompt + list(p) for p in prefixes]
+        width = len(rows[0])
+        tokens = jnp.asarray(rows, jnp.int32)
+        state = model.init_state(params, {"prompt": tokens}, width)
+        logits, _ = model.extend(params, state, tokens)
+        next_probs = np.exp(np.asarray(sampling.process_logits(logits[:, -1], cfg), np.float64))
+        new_frontier = {}
+        for prefix, row_probs in zip(prefixes, next_probs):
+            for token in range(vocab):
+                pr = frontier[prefix] * row_probs[token]
+                if pr == 0.0:
+                    continue
+                seq = prefix + (token,)
+                if token == eos_id:
+                    probs[seq] = probs.get(seq, 0.0) + pr
+                else:
+                    new_frontier[seq] = pr
+        frontier = new_frontier
+    probs.update(frontier)
+    return probs
+
+
+def chi_square_pvalue(samples: list[tuple[int, ...]], probs: dict[tuple[int, ...], float]) -> float:
+    """Pearson chi-square of samples against exact probabilities, pooling cells expected < 5."""
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    unexpected = [s for s in counts if s not in probs]
+    if unexpected:
+        return 0.0  # a sequence with probability 0 was produced
+    observed, expected = [], []
+    pooled_obs, pooled_exp = 0, 0.0
+    for seq, pr in probs.items():
+        if pr * n >= 5:
+            observed.append(counts.get(seq, 0))
+            expected.append(pr * n)
+        else:
+            pooled_obs += counts.get(seq, 0)
+            pooled_exp += pr * n
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    expected = np.asarray(expected)
+    expected *= n / expected.sum()  # float rounding only
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+def rows_as_sequences(tokens, lengths) -> list[tuple[int, ...]]:
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    return [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
