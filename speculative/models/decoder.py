@@ -142,8 +142,8 @@ class SelfAttention(nn.Module):
         query = apply_rope(q_proj(x), positions, cfg.rope_theta)
         key = apply_rope(k_proj(x), positions, cfg.rope_theta)
         value = v_proj(x)
-        keys = base.write_rows(layer_cache["key"], key, index)
-        values = base.write_rows(layer_cache["value"], value, index)
+        keys = base.write_kv(layer_cache["key"], base.heads_major(key), index)
+        values = base.write_kv(layer_cache["value"], base.heads_major(value), index)
         attended = base.attend(query, keys, values, mask, scale=d**-0.5)
         out = Projection((h, d, e), ("heads", "kv", "embed"), in_dims=2, name="out")(attended)
         return out, {"key": keys, "value": values}
@@ -194,7 +194,7 @@ class DecoderStack(nn.Module):
             name="token_embedder",
         )
         x = embedder(tokens).astype(dtype)
-        mask = base.causal_cache_mask(positions, cache["layers_0"]["key"].shape[1])
+        mask = base.causal_cache_mask(positions, cache["layers_0"]["key"].shape[2])
         new_cache = {}
         for i in range(cfg.num_layers):
             name = f"layers_{i}"

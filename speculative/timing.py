@@ -1,0 +1,46 @@
+"""Wall-clock measurement helpers: compile time apart, medians over repeats, one host sync per run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def block(tree: Any) -> Any:
+    """Waits for every array in a pytree (JAX dispatch is asynchronous)."""
+    return jax.block_until_ready(tree)
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, float, Any]:
+    """Times fn() after one warm-up call.
+
+    Returns:
+      (first_call_seconds (compile + run), median_seconds over `repeats` warm calls, last result).
+    """
+    start = time.perf_counter()
+    result = block(fn())
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = block(fn())
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times), result
+
+
+def step_time(step: Callable[[Any], Any], carry: Any, steps: int, repeats: int = 3) -> float:
+    """Median seconds per iteration of `carry = step(carry)` run `steps` times inside one jit.
+
+    Running the steps in a `lax.fori_loop` keeps dispatch overhead out of the per-step time.
+    """
+
+    @jax.jit
+    def many(carry):
+        return jax.lax.fori_loop(0, steps, lambda _, c: step(c), carry)
+
+    _, median, _ = time_call(lambda: many(carry), repeats)
+    return median / steps

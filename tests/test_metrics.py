@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+
+from speculative import metrics
+
+
+def test_expected_tokens_and_speedup_match_paper_formulas():
+    assert metrics.expected_tokens_per_call(0.0, 5) == 1.0
+    assert metrics.expected_tokens_per_call(1.0, 5) == 6.0
+    assert metrics.expected_tokens_per_call(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    # c = 0: speedup equals expected tokens per call; c = 1 with alpha = 0: 1 / (gamma + 1).
+    assert metrics.predicted_speedup(0.8, 3, 0.0) == pytest.approx((1 - 0.8**4) / 0.2)
+    assert metrics.predicted_speedup(0.0, 3, 1.0) == pytest.approx(0.25)
+
+
+def test_optimal_gamma_is_the_integer_argmax():
+    for alpha, c in [(0.6, 0.05), (0.8, 0.02), (0.9, 0.1), (0.3, 0.5)]:
+        best = metrics.optimal_gamma(alpha, c, max_gamma=40)
+        values = [metrics.predicted_speedup(alpha, g, c) for g in range(1, 41)]
+        assert best == int(np.argmax(values)) + 1
+    # The paper's Figure 3 regime: high alpha and cheap drafts favour long blocks.
+    assert metrics.optimal_gamma(0.9, 0.01) > metrics.optimal_gamma(0.6, 0.01)
+
+
+def test_summarize_pools_over_verified_positions():
+    stats = {
+        "target_calls": np.array([2, 1]),
+        "draft_calls": np.array([4, 2]),
+        "drafted": np.array([4, 2]),
+        "accepted": np.array([3, 0]),
+        "alpha": np.array([0.75, 0.0]),
+        "verified_at": np.array([[2, 2], [1, 0]]),
+        "accepted_at": np.array([[2, 1], [0, 0]]),
+    }
+    out = metrics.summarize(stats, np.array([5, 1]))
+    assert out["alpha"] == pytest.approx(3 / 5)
+    assert out["tau"] == pytest.approx(2.0)
+    assert out["acceptance_by_position"] == pytest.approx([2 / 3, 0.5])
