@@ -21,6 +21,8 @@ One speculative round (`_speculative_round`):
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -189,15 +191,36 @@ def autoregressive_decode(
       max_decode_len: tokens to generate at most per row.
       eos_id: a row stops after emitting it.
     Returns:
-      DecodeOutput with tokens [B, max_decode_len], lengths [B], stats {target_calls, tokens_per_call}.
+      DecodeOutput with tokens [B, max_decode_len], lengths [B], stats {target_calls,
+      tokens_per_call}.
     """
+    args, static = _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng)
+    return _checked(_autoregressive_jit(*args, **static), "model")
+
+
+def compile_autoregressive(
+    model: LanguageModel,
+    params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int,
+    rng: jax.Array | None = None,
+) -> tuple[Callable[[], DecodeOutput], float]:
+    """Ahead-of-time compiled `autoregressive_decode`: (run() -> DecodeOutput, compile seconds).
+
+    For benchmarks: compile time is measured apart from every timed run.
+    """
+    args, static = _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng)
+    return _compile(_autoregressive_jit, args, static, static_positions=(0,), which="model")
+
+
+def _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng):
     _validate(model, batch, max_decode_len, sampling, block=1)
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    out = _autoregressive_jit(
-        model, params, batch, rng, max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id
-    )
-    _raise_on_nan(out, "model")
-    return out
+    static = dict(max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id))
+    return (model, params, batch, rng), static
 
 
 # ------------------------------------------------------------------------------------------------
@@ -394,6 +417,53 @@ def speculative_decode(
       (tau = generated tokens / target calls, prefill excluded), accepted_at / verified_at [B, G]
       (how often draft position i was accepted / tested).
     """
+    args, static = _speculative_args(
+        target,
+        target_params,
+        draft,
+        draft_params,
+        batch,
+        gamma,
+        max_decode_len,
+        sampling,
+        eos_id,
+        rng,
+    )
+    return _checked(_speculative_jit(*args, **static), "target")
+
+
+def compile_speculative(
+    target: LanguageModel,
+    target_params: Any,
+    draft: LanguageModel,
+    draft_params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    gamma: int,
+    max_decode_len: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_id: int,
+    rng: jax.Array | None = None,
+) -> tuple[Callable[[], DecodeOutput], float]:
+    """Ahead-of-time compiled `speculative_decode`: (run() -> DecodeOutput, compile seconds)."""
+    args, static = _speculative_args(
+        target,
+        target_params,
+        draft,
+        draft_params,
+        batch,
+        gamma,
+        max_decode_len,
+        sampling,
+        eos_id,
+        rng,
+    )
+    return _compile(_speculative_jit, args, static, static_positions=(0, 2), which="target")
+
+
+def _speculative_args(
+    target, target_params, draft, draft_params, batch, gamma, max_decode_len, sampling, eos_id, rng
+):
     if not isinstance(gamma, (int, np.integer)) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     if draft.vocab_size != target.vocab_size:
@@ -406,20 +476,18 @@ def speculative_decode(
     _validate(target, batch, max_decode_len, sampling, block=gamma + 1)
     _validate(draft, batch, max_decode_len, sampling, block=gamma + 1)
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    out = _speculative_jit(
-        target,
-        target_params,
-        draft,
-        draft_params,
-        batch,
-        rng,
-        gamma=int(gamma),
-        max_decode_len=max_decode_len,
-        sampling=sampling,
-        eos_id=eos_id,
+    static = dict(
+        gamma=int(gamma), max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id)
     )
-    _raise_on_nan(out, "target")
-    return out
+    return (target, target_params, draft, draft_params, batch, rng), static
+
+
+def _compile(jitted, args, static, static_positions, which):
+    start = time.perf_counter()
+    compiled = jitted.lower(*args, **static).compile()
+    seconds = time.perf_counter() - start
+    dynamic = [a for i, a in enumerate(args) if i not in static_positions]
+    return (lambda: _checked(compiled(*dynamic), which)), seconds
 
 
 # ------------------------------------------------------------------------------------------------
@@ -474,11 +542,12 @@ def _validate(model, batch, max_decode_len, sampling, block):
         )
 
 
-def _raise_on_nan(out: DecodeOutput, which: str) -> None:
-    """One host check after the loop (never inside it)."""
+def _checked(out: DecodeOutput, which: str) -> DecodeOutput:
+    """Raises on NaN logits: one host check after the loop (never inside it)."""
     bad = np.asarray(out.stats["nan_logits"])
     if bad.any():
         raise FloatingPointError(
             f"the {which} produced NaN logits for batch rows {np.flatnonzero(bad).tolist()}; "
             "check the checkpoint (corrupt weights) or use float32 instead of a low-precision dtype"
         )
+    return out

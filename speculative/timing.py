@@ -44,3 +44,24 @@ def step_time(step: Callable[[Any], Any], carry: Any, steps: int, repeats: int =
 
     _, median, _ = time_call(lambda: many(carry), repeats)
     return median / steps
+
+
+def decode_step_time(
+    model: Any, params: Any, batch: dict, cache_len: int, repeats: int = 3
+) -> float:
+    """Median seconds of one single-token `extend` (batch from `batch["prompt"]`, cache filled).
+
+    Rewinds the index by one each step so the cache fill, and hence the cost, stays constant.
+    """
+    import jax.numpy as jnp
+
+    state = model.init_state(params, batch, cache_len)
+    _, state = model.extend(params, state, batch["prompt"])
+    token = batch["prompt"][:, -1:]
+
+    def step(carry):
+        state, token = carry
+        logits, state = model.extend(params, state.replace(index=state.index - 1), token)
+        return state, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
+
+    return step_time(step, (state, token), steps=8, repeats=repeats)

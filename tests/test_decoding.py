@@ -246,3 +246,15 @@ def test_nan_logits_are_reported(target, draft, batch):
         decoding.speculative_decode(
             model, broken, *draft, batch, gamma=2, max_decode_len=4, eos_id=1
         )
+
+
+def test_compiled_entry_points_match_the_plain_calls(target, draft, batch):
+    kwargs = dict(max_decode_len=9, sampling=SamplingConfig(temperature=1.0), eos_id=V)
+    rng = jax.random.PRNGKey(3)
+    run, seconds = decoding.compile_speculative(*target, *draft, batch, gamma=2, rng=rng, **kwargs)
+    assert seconds > 0
+    direct = decoding.speculative_decode(*target, *draft, batch, gamma=2, rng=rng, **kwargs)
+    np.testing.assert_array_equal(run().tokens, direct.tokens)
+    run, _ = decoding.compile_autoregressive(*target, batch, rng=rng, **kwargs)
+    direct = decoding.autoregressive_decode(*target, batch, rng=rng, **kwargs)
+    np.testing.assert_array_equal(run().tokens, direct.tokens)
