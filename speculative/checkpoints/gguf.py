@@ -1,0 +1,209 @@
+"""GGUF (llama.cpp) checkpoints of the `llama` and `qwen2` architectures -> DecoderLM parameters.
+
+GGUF stores each tensor with its dimensions in ggml order (innermost first); `gguf.GGUFReader`
+already reverses them, so a linear weight reads as the PyTorch-layout `[out, in]` matrix of the
+Hugging Face checkpoint it was converted from. For `llama` (not `qwen2`) llama.cpp's converter also
+permutes the rows of the Q and K projections inside every head, from the rotate-half RoPE layout to
+ggml's interleaved pairs; `_unpermute_rows` undoes that, since DecoderLM uses rotate-half.
+
+Tensors are dequantised one at a time with `gguf.quants.dequantize` (float32), rearranged into the
+DecoderLM tree (see speculative/models/decoder.py) and cast to the requested dtype, so the peak host
+memory is the final parameters plus a few copies of the largest tensor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative.checkpoints import validation
+from speculative.gguf_io import metadata_value, open_gguf
+from speculative.models.decoder import DecoderConfig, DecoderLM
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+# Quantisation types the loader accepts (all that the files of DESIGN.md section 5 use, plus the
+# other plain types gguf-py can dequantise).
+_TYPE_NAMES = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K"
+SUPPORTED_TYPES = frozenset(gguf.GGMLQuantizationType[name] for name in _TYPE_NAMES.split())
+
+
+def config_from_metadata(
+    reader: gguf.GGUFReader, tensors: dict[str, gguf.ReaderTensor], dtype=jnp.float32
+) -> DecoderConfig:
+    """DecoderConfig from the `{arch}.*` hyper-parameters and the tensors present."""
+    arch = metadata_value(reader, "general.architecture", required=True)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def get(key, default=None):
+        return metadata_value(reader, f"{arch}.{key}", default, required=default is None)
+
+    scaling = get("rope.scaling.type", "none")
+    if scaling not in ("none", "") and not (
+        scaling == "linear" and float(get("rope.scaling.factor", 1.0)) == 1.0
+    ):
+        raise ValueError(f"RoPE scaling {scaling!r} is not supported by DecoderLM")
+    if "rope_freqs.weight" in tensors:
+        raise ValueError("per-frequency RoPE factors (rope_freqs.weight) are not supported")
+
+    emb_dim, num_heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", emb_dim // num_heads))
+    if int(get("attention.value_length", head_dim)) != head_dim:
+        raise ValueError("attention.value_length != key_length is not supported")
+    rope_dims = int(get("rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
+    if "token_embd.weight" not in tensors:
+        raise ValueError("GGUF tensor 'token_embd.weight' is missing")
+    vocab_size = int(tensors["token_embd.weight"].shape[-1])  # ggml order: [E, V]
+    return DecoderConfig(
+        vocab_size=vocab_size,
+        emb_dim=emb_dim,
+        num_layers=int(get("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        mlp_dim=int(get("feed_forward_length")),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        tie_word_embeddings="output.weight" not in tensors,
+        max_seq_len=int(get("context_length")),
+        dtype=jnp.dtype(dtype).name,
+    )
+
+
+def _unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undoes llama.cpp's Q/K permutation: per head, rows [x0 y0 x1 y1 ..] -> [x0 x1 .. y0 y1 ..].
+
+    w: [heads * D, ...] (a weight [heads * D, E] or a bias [heads * D]).
+    """
+    d = w.shape[0] // heads
+    return w.reshape(heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+Transform = Callable[[np.ndarray], np.ndarray]
+
+
+def tensor_map(config: DecoderConfig, arch: str) -> dict[tuple[str, ...], tuple[str, Transform]]:
+    """DecoderLM parameter path -> (GGUF tensor name, transform of its [out, in] array)."""
+    h, k, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.emb_dim
+
+    def qk(heads: int) -> Transform:  # [heads*D, E] -> [E, heads, D]
+        fix = (lambda w: _unpermute_rows(w, heads)) if arch == "llama" else (lambda w: w)
+        return lambda w: fix(w).reshape(heads, d, e).transpose(2, 0, 1)
+
+    def qk_bias(heads: int) -> Transform:
+        fix = (lambda b: _unpermute_rows(b, heads)) if arch == "llama" else (lambda b: b)
+        return lambda b: fix(b).reshape(heads, d)
+
+    same = lambda w: w  # noqa: E731
+    transpose = lambda w: w.T  # noqa: E731
+    out = {
+        ("token_embedder", "embedding"): ("token_embd.weight", same),  # [V, E]
+        ("decoder_norm", "scale"): ("output_norm.weight", same),
+    }
+    if not config.tie_word_embeddings:
+        out[("logits_dense", "kernel")] = ("output.weight", transpose)  # [V, E] -> [E, V]
+    for i in range(config.num_layers):
+        layer, blk = f"layers_{i}", f"blk.{i}"
+        attn = (layer, "self_attention")
+        out[(layer, "pre_self_attention_layer_norm", "scale")] = (f"{blk}.attn_norm.weight", same)
+        out[(*attn, "query", "kernel")] = (f"{blk}.attn_q.weight", qk(h))
+        out[(*attn, "key", "kernel")] = (f"{blk}.attn_k.weight", qk(k))
+        out[(*attn, "value", "kernel")] = (
+            f"{blk}.attn_v.weight",
+            lambda w, k=k: w.reshape(k, d, e).transpose(2, 0, 1),
+        )
+        if config.qkv_bias:
+            out[(*attn, "query", "bias")] = (f"{blk}.attn_q.bias", qk_bias(h))
+            out[(*attn, "key", "bias")] = (f"{blk}.attn_k.bias", qk_bias(k))
+            out[(*attn, "value", "bias")] = (f"{blk}.attn_v.bias", lambda b, k=k: b.reshape(k, d))
+        out[(*attn, "out", "kernel")] = (
+            f"{blk}.attn_output.weight",
+            lambda w: w.T.reshape(h, d, e),  # [E, H*D] -> [H, D, E]
+        )
+        out[(layer, "pre_mlp_layer_norm", "scale")] = (f"{blk}.ffn_norm.weight", same)
+        out[(layer, "mlp", "wi_0", "kernel")] = (f"{blk}.ffn_gate.weight", transpose)  # -> [E, M]
+        out[(layer, "mlp", "wi_1", "kernel")] = (f"{blk}.ffn_up.weight", transpose)
+        out[(layer, "mlp", "wo", "kernel")] = (f"{blk}.ffn_down.weight", transpose)  # -> [M, E]
+    return out
+
+
+def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """float32 array of a GGUF tensor, in the reader's (PyTorch-like, [out, in]) dimension order."""
+    if tensor.tensor_type not in SUPPORTED_TYPES:
+        raise ValueError(
+            f"GGUF tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
+        )
+    array = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+    if np.shares_memory(array, tensor.data):  # F32 comes back as a view of the mapped file
+        array = array.copy()
+    expected = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    return array.reshape(expected)
+
+
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig, dict]:
+    """Reads a llama / qwen2 GGUF file.
+
+    Returns:
+      (config, params): a DecoderConfig from the file's metadata (config.dtype = dtype) and the
+      DecoderLM parameter tree (nested dicts of jax arrays of `dtype`).
+    Raises:
+      ValueError: the file is missing, truncated or corrupt; the architecture, a tensor type or a
+        RoPE variant is unsupported; a tensor is missing, unexpected, mis-shaped or not finite.
+    """
+    source = os.fspath(path)
+    reader = open_gguf(path)
+    tensors = {t.name: t for t in reader.tensors}
+    config = config_from_metadata(reader, tensors, dtype)
+    mapping = {
+        validation.SEP.join(p): v
+        for p, v in tensor_map(config, metadata_value(reader, "general.architecture")).items()
+    }
+    expected = validation.expected_shapes(
+        jax.eval_shape(DecoderLM(config).init_params, jax.random.PRNGKey(0))
+    )
+    if set(mapping) != set(expected):  # a bug in tensor_map, not in the file
+        raise AssertionError(
+            f"tensor map and DecoderLM tree differ: {set(mapping) ^ set(expected)}"
+        )
+    missing = sorted(name for name, _ in mapping.values() if name not in tensors)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"{source}: GGUF tensor {missing[0]!r} is missing{more}")
+    unused = sorted(set(tensors) - {name for name, _ in mapping.values()})
+    if unused:
+        raise ValueError(
+            f"{source}: unexpected GGUF tensor {unused[0]!r} for a "
+            f"{metadata_value(reader, 'general.architecture')} model with this config"
+        )
+
+    flat = {}
+    for path_str, (name, transform) in mapping.items():
+        array = dequantize(tensors[name])
+        try:
+            value = transform(array)
+        except ValueError:  # numpy cannot reshape it: the metadata and the tensor disagree
+            raise ValueError(
+                f"{source}: GGUF tensor {name!r} of shape {array.shape} does not fit parameter "
+                f"{path_str!r} of shape {expected[path_str]} (check the head counts in the metadata)"
+            ) from None
+        del array
+        # One tensor at a time: check its shape, cast it, and let the float32 copy go, so the
+        # peak is the final parameters plus a few copies of the largest tensor.
+        validation.validate(
+            {path_str: value}, {path_str: expected[path_str]}, source, {path_str: name}
+        )
+        flat[path_str] = validation.cast(value, dtype, path_str, source)
+        del value
+    return config, validation.unflatten(flat)

@@ -1,0 +1,255 @@
+"""T5 checkpoint loaders: T5X (msgpack + zarr TensorStore) round trip, HF safetensors, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorstore as ts
+from flax import serialization, traverse_util
+
+from speculative.checkpoints import hf_t5, load_hf_t5, load_t5x, validation
+from speculative.checkpoints import t5x as t5x_loader
+from speculative.models import t5
+
+CONFIG = t5.T5Config(
+    vocab_size=40,
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=2,
+    num_decoder_layers=1,
+    head_dim=8,
+    mlp_dim=24,
+    mlp_activations=("gelu", "linear"),
+)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return t5.T5(CONFIG).init_params(jax.random.PRNGKey(0))
+
+
+def write_t5x_checkpoint(directory, params, inline=("scale",), dtype=np.float32):
+    """Writes params the way t5x/checkpoints.py does (format version 3).
+
+    Each parameter goes to its own gzip-compressed zarr array `target.<dotted path>/`, referenced
+    from the msgpack `checkpoint` by a TensorStore spec with a relative path; parameters whose name
+    ends in one of `inline` are stored in the msgpack itself (as T5X does for unpartitioned ones).
+    """
+    os.makedirs(directory, exist_ok=True)
+    tree = {}
+    for path, value in traverse_util.flatten_dict(params, sep="/").items():
+        value = np.asarray(value).astype(dtype)
+        if path.endswith(inline):
+            tree[path] = value
+            continue
+        relative = "target." + path.replace("/", ".")
+        chunks = [max(1, d // 2) for d in value.shape]  # several chunks per array
+        metadata = {
+            "compressor": {"id": "gzip"},
+            "shape": list(value.shape),
+            "chunks": chunks,
+            "dtype": "bfloat16" if value.dtype == jnp.bfloat16 else value.dtype.str,
+        }
+        spec = {
+            "driver": "zarr",
+            "kvstore": {"driver": "file", "path": relative},
+            "metadata": metadata,
+        }
+        store = ts.open(
+            {**spec, "kvstore": {"driver": "file", "path": os.path.join(directory, relative)}},
+            create=True,
+        ).result()
+        store.write(value).result()
+        tree[path] = spec
+    state = {
+        "version": 3,
+        "optimizer": {
+            "target": traverse_util.unflatten_dict(tree, sep="/"),
+            "state": {"step": np.int32(100), "param_states": {}},
+        },
+    }
+    with open(os.path.join(directory, "checkpoint"), "wb") as f:
+        f.write(serialization.msgpack_serialize(state))
+
+
+def _assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_t5x_round_trip(tmp_path, params):
+    write_t5x_checkpoint(tmp_path / "checkpoint_100", params)
+    assert (
+        tmp_path / "checkpoint_100" / "target.encoder.layers_0.attention.query.kernel" / ".zarray"
+    ).exists()
+    loaded = load_t5x(str(tmp_path / "checkpoint_100"), CONFIG, dtype=jnp.float32)
+    _assert_same(loaded, params)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(loaded))
+
+
+def test_t5x_bfloat16_storage_and_cast(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params, dtype=jnp.bfloat16)
+    loaded = load_t5x(str(tmp_path), CONFIG, dtype=jnp.bfloat16)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(loaded))
+    _assert_same(loaded, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params))
+
+
+def test_orbax_checkpoint_is_detected_and_read(tmp_path, params):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    target = {"target": jax.tree.map(np.asarray, params), "state": {"step": np.int32(7)}}
+    ocp.PyTreeCheckpointer().save(str(tmp_path / "orbax"), target)
+    assert t5x_loader.is_orbax(str(tmp_path / "orbax"))
+    _assert_same(load_t5x(str(tmp_path / "orbax"), CONFIG), params)
+
+
+def test_t5x_shape_mismatch_names_parameter(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    wider = t5.T5Config(**{**CONFIG.__dict__, "mlp_dim": 32})
+    with pytest.raises(
+        ValueError,
+        match=r"'decoder/layers_0/mlp/wi_0/kernel' has shape \(16, 24\)"
+        r", but the config expects \(16, 32\)",
+    ):
+        load_t5x(str(tmp_path), wider)
+
+
+def test_t5x_missing_parameter(tmp_path, params):
+    flat = traverse_util.flatten_dict(params, sep="/")
+    del flat["encoder/layers_1/attention/value/kernel"]
+    write_t5x_checkpoint(tmp_path, traverse_util.unflatten_dict(flat, sep="/"))
+    with pytest.raises(ValueError, match="missing parameter 'encoder/layers_1/attention/value/"):
+        load_t5x(str(tmp_path), CONFIG)
+
+
+def test_t5x_extra_layer_is_unexpected(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    shallower = t5.T5Config(**{**CONFIG.__dict__, "num_encoder_layers": 1})
+    with pytest.raises(ValueError, match="unexpected parameter 'encoder/layers_1/"):
+        load_t5x(str(tmp_path), shallower)
+
+
+def test_t5x_truncated_zarr_chunk(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    chunk = tmp_path / "target.decoder.layers_0.self_attention.query.kernel" / "0.0"
+    data = chunk.read_bytes()
+    chunk.write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        ValueError, match="cannot read parameter 'decoder/layers_0/self_attention/query/kernel'"
+    ):
+        load_t5x(str(tmp_path), CONFIG)
+
+
+def test_t5x_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no T5X 'checkpoint'"):
+        load_t5x(str(tmp_path), CONFIG)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face directories. Logit equivalence with transformers is in test_t5_model.py; these
+# check the file handling and errors, on files written with safetensors' own writer.
+
+
+def write_hf(directory, params, config=CONFIG, drop=(), extra=None):
+    """Writes params in HF's naming and layout (torch Linear weights are [out, in])."""
+    from safetensors.numpy import save_file
+
+    flat = traverse_util.flatten_dict(params, sep="/")
+    tensors = {}
+    for ours, (theirs, transpose) in hf_t5.name_map(config).items():
+        value = np.asarray(flat[ours])
+        tensors[theirs] = np.ascontiguousarray(value.T if transpose else value)
+    tensors["lm_head.weight"] = np.ascontiguousarray(
+        np.asarray(flat["decoder/logits_dense/kernel"]).T
+    )
+    for name in drop:
+        del tensors[name]
+    tensors.update(extra or {})
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    hf_config = {
+        "model_type": "t5",
+        "vocab_size": config.vocab_size,
+        "d_model": config.emb_dim,
+        "d_kv": config.head_dim,
+        "d_ff": config.mlp_dim,
+        "num_layers": config.num_encoder_layers,
+        "num_decoder_layers": config.num_decoder_layers,
+        "num_heads": config.num_heads,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    }
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config, f)
+
+
+def test_hf_round_trip_and_bfloat16(tmp_path, params):
+    write_hf(tmp_path, params)
+    config, loaded = load_hf_t5(str(tmp_path))
+    assert config == CONFIG
+    _assert_same(loaded, params)
+    config16, loaded16 = load_hf_t5(str(tmp_path), dtype=jnp.bfloat16)
+    assert config16.dtype == "bfloat16"
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(loaded16))
+
+
+def test_hf_missing_tensor_names_both_names(tmp_path, params):
+    write_hf(tmp_path, params, drop=["decoder.block.0.layer.1.EncDecAttention.k.weight"])
+    with pytest.raises(
+        ValueError,
+        match=r"missing parameter 'decoder/layers_0/"
+        r"encoder_decoder_attention/key/kernel' \(stored as "
+        r"'decoder.block.0.layer.1.EncDecAttention.k.weight'\)",
+    ):
+        load_hf_t5(str(tmp_path))
+
+
+def test_hf_shape_mismatch(tmp_path, params):
+    bad = {"encoder.block.1.layer.1.DenseReluDense.wo.weight": np.zeros((16, 20), np.float32)}
+    write_hf(tmp_path, params, extra=bad)
+    with pytest.raises(
+        ValueError,
+        match=r"'encoder/layers_1/mlp/wo/kernel' \(stored as .*\) has "
+        r"shape \(20, 16\), but the config expects \(24, 16\)",
+    ):
+        load_hf_t5(str(tmp_path))
+
+
+def test_hf_unexpected_tensor(tmp_path, params):
+    write_hf(tmp_path, params, extra={"encoder.block.5.layer.0.layer_norm.weight": np.ones(16)})
+    with pytest.raises(ValueError, match="unexpected tensor 'encoder.block.5.layer.0.layer_norm"):
+        load_hf_t5(str(tmp_path))
+
+
+def test_hf_truncated_safetensors(tmp_path, params):
+    write_hf(tmp_path, params)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ValueError, match="truncated safetensors file: tensor '.*' needs bytes"):
+        load_hf_t5(str(tmp_path))
+    path.write_bytes(data[:20])
+    with pytest.raises(ValueError, match="truncated safetensors file: header needs"):
+        load_hf_t5(str(tmp_path))
+
+
+def test_hf_nan_weights_are_refused(tmp_path, params):
+    bad = np.full((16,), np.nan, np.float32)
+    write_hf(tmp_path, params, extra={"decoder.final_layer_norm.weight": bad})
+    with pytest.raises(ValueError, match="'decoder/decoder_norm/scale'.*NaN"):
+        load_hf_t5(str(tmp_path))
+
+
+def test_validation_is_generic():
+    expected = {"a": {"b": jax.ShapeDtypeStruct((2, 3), jnp.float32)}}
+    tree = validation.to_params({"a/b": np.ones((2, 3))}, expected, jnp.bfloat16, "x.bin")
+    assert tree["a"]["b"].dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match=r"x.bin: parameter 'a/b' has shape \(3, 2\)"):
+        validation.to_params({"a/b": np.ones((3, 2))}, expected, jnp.float32, "x.bin")
+    with pytest.raises(ValueError, match="non-float dtype int32"):
+        validation.to_params({"a/b": np.ones((2, 3), np.int32)}, expected, jnp.float32, "x.bin")
