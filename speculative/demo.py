@@ -65,33 +65,50 @@ def main(argv=None) -> dict:
         f"\njax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
         f"gamma {args.gamma}, {cfg}"
     )
-    rows, plain_s, spec_s, tokens = [], 0.0, 0.0, 0
-    compile_s = {"plain": 0.0, "speculative": 0.0}
-    all_stats = []
-    for start in range(0, len(problems), args.batch_size):
-        chunk = problems[start : start + args.batch_size]
-        batch = inputs.decoder_batch([target_vocab.encode(p["prompt"]) for p in chunk])
-        rng = jax.random.PRNGKey(args.seed + start)
-        run_plain, c_plain = decoding.compile_autoregressive(
-            target, target_params, batch, rng=rng, **common
-        )
-        run_spec, c_spec = decoding.compile_speculative(
-            target, target_params, draft, draft_params, batch, gamma=args.gamma, rng=rng, **common
-        )
-        compile_s["plain"] += c_plain
-        compile_s["speculative"] += c_spec
+    encoded = [target_vocab.encode(p["prompt"]) for p in problems]
+    width = max(len(ids) for ids in encoded)
+    chunks = [
+        range(i, min(i + args.batch_size, len(problems)))
+        for i in range(0, len(problems), args.batch_size)
+    ]
+
+    def batch_of(chunk):
+        # A short last chunk is filled with copies of its last prompt (dropped from the results)
+        # so that every chunk has one static shape and reuses one compiled program.
+        ids = [encoded[i] for i in chunk] + [encoded[chunk[-1]]] * (args.batch_size - len(chunk))
+        return inputs.decoder_batch(ids, pad_to=width)
+
+    first = batch_of(chunks[0])
+    rng = jax.random.PRNGKey(args.seed)
+    run_plain, compile_plain = decoding.compile_autoregressive(
+        target, target_params, first, rng=rng, **common
+    )
+    run_spec, compile_spec = decoding.compile_speculative(
+        target, target_params, draft, draft_params, first, gamma=args.gamma, rng=rng, **common
+    )
+    compile_s = {"plain": compile_plain, "speculative": compile_spec}
+    rows, plain_s, spec_s, tokens, all_stats = [], 0.0, 0.0, 0, []
+    for number, chunk in enumerate(chunks):
+        batch, rng = batch_of(chunk), jax.random.PRNGKey(args.seed + number)
         t0 = time.perf_counter()
-        plain = timing.block(run_plain())
+        plain = timing.block(run_plain(batch, rng))
         plain_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        spec = timing.block(run_spec())
+        spec = timing.block(run_spec(batch, rng))
         spec_s += time.perf_counter() - t0
-        tokens += int(np.sum(spec.lengths))
-        all_stats.append((spec.stats, spec.lengths))
-        for i, problem in enumerate(chunk):
+        real = len(chunk)
+        tokens += int(np.sum(spec.lengths))  # padding rows are timed too, so count them
+        all_stats.append(
+            (
+                {k: np.asarray(v)[:real] for k, v in spec.stats.items()},
+                np.asarray(spec.lengths)[:real],
+            )
+        )
+        for i, index in enumerate(chunk):
+            problem = problems[index]
             n = int(spec.lengths[i])
             text = target_vocab.decode(spec.tokens[i, :n].tolist(), skip_special_tokens=True)
-            same = cfg.greedy and np.array_equal(spec.tokens[i], plain.tokens[i])
+            same = bool(np.array_equal(spec.tokens[i], plain.tokens[i]))
             rows.append(
                 {
                     "task_id": problem["task_id"],
@@ -99,21 +116,22 @@ def main(argv=None) -> dict:
                     "tokens": n,
                     "alpha": float(spec.stats["alpha"][i]),
                     "tau": float(spec.stats["tokens_per_call"][i]),
-                    "identical_to_plain": bool(same) if cfg.greedy else None,
+                    "identical_to_plain": same if cfg.greedy else None,
                 }
             )
             print(
                 f"\n=== {problem['task_id']} (alpha {rows[-1]['alpha']:.2f}, "
                 f"tau {rows[-1]['tau']:.2f}"
                 + (f", identical to plain greedy: {same}" if cfg.greedy else "")
-                + ") ==="
+                + ") ===",
+                flush=True,
             )
-            print(problem["prompt"].rstrip("\n")[-200:] + "\033[1m" + text + "\033[0m")
+            print(problem["prompt"].rstrip("\n")[-300:] + "\033[1m" + text + "\033[0m", flush=True)
 
     stats = {k: np.concatenate([np.asarray(s[k]) for s, _ in all_stats]) for k in all_stats[0][0]}
     summary = metrics.summarize(stats, np.concatenate([np.asarray(x) for _, x in all_stats]))
-    probe = inputs.decoder_batch([target_vocab.encode(problems[0]["prompt"])])
-    cache_len = int(probe["prompt"].shape[1]) + args.max_decode_len
+    probe = inputs.decoder_batch([encoded[0]])
+    cache_len = len(encoded[0]) + args.max_decode_len
     t_target = timing.decode_step_time(target, target_params, probe, cache_len)
     t_draft = timing.decode_step_time(draft, draft_params, probe, cache_len)
     c = t_draft / t_target

@@ -8,14 +8,24 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def decoder_batch(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> dict[str, jnp.ndarray]:
-    """Right-pads token lists: {"prompt": int32[B, P], "prompt_lengths": int32[B]}, P = longest."""
+def decoder_batch(
+    prompts: Sequence[Sequence[int]], pad_id: int = 0, pad_to: int | None = None
+) -> dict[str, jnp.ndarray]:
+    """Right-pads token lists: {"prompt": int32[B, P], "prompt_lengths": int32[B]}.
+
+    P is the longest prompt, or pad_to when given (one static shape, one compilation, for many
+    batches).
+    """
     if not prompts:
         raise ValueError("no prompts given")
     empty = [i for i, p in enumerate(prompts) if len(p) == 0]
     if empty:
         raise ValueError(f"prompts {empty} are empty; every prompt needs at least one token")
     width = max(len(p) for p in prompts)
+    if pad_to is not None:
+        if pad_to < width:
+            raise ValueError(f"a prompt has {width} tokens, more than pad_to={pad_to}")
+        width = pad_to
     tokens = np.full((len(prompts), width), pad_id, np.int32)
     for row, ids in enumerate(prompts):
         tokens[row, : len(ids)] = ids

@@ -32,17 +32,21 @@ def time_call(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, float, An
     return first, statistics.median(times), result
 
 
-def step_time(step: Callable[[Any], Any], carry: Any, steps: int, repeats: int = 3) -> float:
-    """Median seconds per iteration of `carry = step(carry)` run `steps` times inside one jit.
+def step_time(
+    step: Callable[[Any, Any], Any], operands: Any, carry: Any, steps: int, repeats: int = 3
+) -> float:
+    """Median seconds per iteration of `carry = step(operands, carry)` run `steps` times in one jit.
 
     Running the steps in a `lax.fori_loop` keeps dispatch overhead out of the per-step time.
+    `operands` (e.g. the params) are jit arguments, never closed over: closed-over arrays would be
+    baked into the program as constants (gigabytes for a real model).
     """
 
     @jax.jit
-    def many(carry):
-        return jax.lax.fori_loop(0, steps, lambda _, c: step(c), carry)
+    def many(operands, carry):
+        return jax.lax.fori_loop(0, steps, lambda _, c: step(operands, c), carry)
 
-    _, median, _ = time_call(lambda: many(carry), repeats)
+    _, median, _ = time_call(lambda: many(operands, carry), repeats)
     return median / steps
 
 
@@ -55,13 +59,17 @@ def decode_step_time(
     """
     import jax.numpy as jnp
 
-    state = model.init_state(params, batch, cache_len)
-    _, state = model.extend(params, state, batch["prompt"])
+    @jax.jit
+    def prefill(params, prompt):
+        state = model.init_state(params, {"prompt": prompt}, cache_len)
+        return model.extend(params, state, prompt)[1]
+
+    state = prefill(params, batch["prompt"])
     token = batch["prompt"][:, -1:]
 
-    def step(carry):
+    def step(params, carry):
         state, token = carry
         logits, state = model.extend(params, state.replace(index=state.index - 1), token)
         return state, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
 
-    return step_time(step, (state, token), steps=8, repeats=repeats)
+    return step_time(step, params, (state, token), steps=8, repeats=repeats)
