@@ -119,11 +119,16 @@ def _has_nan(logits: jax.Array) -> jax.Array:
 # Plain autoregressive decoding (the baseline).
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "sampling", "eos_id"))
-def _autoregressive_jit(model, params, batch, rng, *, max_decode_len, sampling, eos_id):
+@functools.partial(
+    jax.jit, static_argnames=("model", "max_decode_len", "sampling", "eos_id", "partitioner")
+)
+def _autoregressive_jit(
+    model, params, batch, rng, *, max_decode_len, sampling, eos_id, partitioner=None
+):
     size = _batch_size(batch)
     cache_len = _cache_len(model, batch, max_decode_len, block=1)
     state, pos, last, _ = _prefill(model, params, batch, cache_len)
+    state = _constrain_state(partitioner, model, state, "target")
     carry = {
         "state": state,
         "pos": pos,
@@ -140,6 +145,7 @@ def _autoregressive_jit(model, params, batch, rng, *, max_decode_len, sampling, 
         active = ~c["done"]
         rng, step_rng = jax.random.split(c["rng"])
         logits, state = model.extend(params, c["state"].replace(index=c["pos"]), c["last"][:, None])
+        state = _constrain_state(partitioner, model, state, "target")
         token, _ = sample(step_rng, logits[:, 0], sampling)
         tokens, lengths, done, emitted = _emit(
             c["tokens"],
@@ -168,9 +174,10 @@ def _autoregressive_jit(model, params, batch, rng, *, max_decode_len, sampling, 
         "tokens_per_call": c["lengths"] / jnp.maximum(c["target_calls"], 1),
         "nan_logits": c["nan"],
     }
-    return DecodeOutput(
+    out = DecodeOutput(
         _finish_tokens(c["tokens"], c["lengths"], max_decode_len), c["lengths"], stats
     )
+    return out if partitioner is None else partitioner.constrain_rows(out)
 
 
 def autoregressive_decode(
@@ -182,6 +189,7 @@ def autoregressive_decode(
     sampling: SamplingConfig = SamplingConfig(),
     eos_id: int,
     rng: jax.Array | None = None,
+    partitioner: Any = None,
 ) -> DecodeOutput:
     """Plain decoding of `model`, one target call per token.
 
@@ -190,11 +198,15 @@ def autoregressive_decode(
         {"encoder_input_tokens": int32[B, L]} (encoder-decoder, 0 = pad).
       max_decode_len: tokens to generate at most per row.
       eos_id: a row stops after emitting it.
+      partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh (params, batch and
+        cache sharded by its rules; outputs sharded by rows over 'data').
     Returns:
       DecodeOutput with tokens [B, max_decode_len], lengths [B], stats {target_calls,
       tokens_per_call}.
     """
-    args, static = _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng)
+    args, static = _autoregressive_args(
+        model, params, batch, max_decode_len, sampling, eos_id, rng, partitioner
+    )
     return _checked(_autoregressive_jit(*args, **static), "model")
 
 
@@ -207,19 +219,30 @@ def compile_autoregressive(
     sampling: SamplingConfig = SamplingConfig(),
     eos_id: int,
     rng: jax.Array | None = None,
-) -> tuple[Callable[[], DecodeOutput], float]:
+    partitioner: Any = None,
+) -> tuple[Callable[..., DecodeOutput], float]:
     """Ahead-of-time compiled `autoregressive_decode`: (run() -> DecodeOutput, compile seconds).
+
+    run(batch=None, rng=None) reruns the same executable on another batch of identical shapes.
 
     For benchmarks: compile time is measured apart from every timed run.
     """
-    args, static = _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng)
+    args, static = _autoregressive_args(
+        model, params, batch, max_decode_len, sampling, eos_id, rng, partitioner
+    )
     return _compile(_autoregressive_jit, args, static, static_positions=(0,), which="model")
 
 
-def _autoregressive_args(model, params, batch, max_decode_len, sampling, eos_id, rng):
+def _autoregressive_args(
+    model, params, batch, max_decode_len, sampling, eos_id, rng, partitioner=None
+):
     _validate(model, batch, max_decode_len, sampling, block=1)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     static = dict(max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id))
+    if partitioner is not None:
+        static["partitioner"] = partitioner
+        params = partitioner.place_params(model, params, "target")
+        batch, rng = _place_inputs(partitioner, batch, rng)
     return (model, params, batch, rng), static
 
 
@@ -315,7 +338,15 @@ def _speculative_round(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("target", "draft", "gamma", "max_decode_len", "sampling", "eos_id"),
+    static_argnames=(
+        "target",
+        "draft",
+        "gamma",
+        "max_decode_len",
+        "sampling",
+        "eos_id",
+        "partitioner",
+    ),
 )
 def _speculative_jit(
     target,
@@ -329,6 +360,7 @@ def _speculative_jit(
     max_decode_len,
     sampling,
     eos_id,
+    partitioner=None,
 ):
     size = _batch_size(batch)
     block = gamma + 1
@@ -338,6 +370,8 @@ def _speculative_jit(
     draft_state, _, _, _ = _prefill(
         draft, draft_params, batch, _cache_len(draft, batch, max_decode_len, block)
     )
+    target_state = _constrain_state(partitioner, target, target_state, "target")
+    draft_state = _constrain_state(partitioner, draft, draft_state, "draft")
     zeros = jnp.zeros((size,), jnp.int32)
     carry = {
         "target_state": target_state,
@@ -373,7 +407,14 @@ def _speculative_jit(
         eos_id=eos_id,
         max_decode_len=max_decode_len,
     )
-    c = jax.lax.while_loop(lambda c: ~jnp.all(c["done"]), round_fn, carry)
+
+    def body(c):
+        c = round_fn(c)
+        c["target_state"] = _constrain_state(partitioner, target, c["target_state"], "target")
+        c["draft_state"] = _constrain_state(partitioner, draft, c["draft_state"], "draft")
+        return c
+
+    c = jax.lax.while_loop(lambda c: ~jnp.all(c["done"]), body, carry)
     s = c["stats"]
     stats = {
         "target_calls": s["target_calls"],
@@ -386,9 +427,10 @@ def _speculative_jit(
         "verified_at": s["verified_at"],
         "nan_logits": s["nan_logits"],
     }
-    return DecodeOutput(
+    out = DecodeOutput(
         _finish_tokens(c["tokens"], c["lengths"], max_decode_len), c["lengths"], stats
     )
+    return out if partitioner is None else partitioner.constrain_rows(out)
 
 
 def speculative_decode(
@@ -403,6 +445,7 @@ def speculative_decode(
     sampling: SamplingConfig = SamplingConfig(),
     eos_id: int,
     rng: jax.Array | None = None,
+    partitioner: Any = None,
 ) -> DecodeOutput:
     """Exact speculative decoding: output distributed as `autoregressive_decode(target, ...)`.
 
@@ -411,6 +454,8 @@ def speculative_decode(
         `vocab.check_compatible` when loading).
       batch: as for `autoregressive_decode`.
       gamma: draft tokens proposed per round (>= 1).
+      partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh, target and draft
+        each sharded by their own rules (see `autoregressive_decode`).
     Returns:
       DecodeOutput. stats, per row: target_calls, draft_calls (a call = one draft forward step),
       drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions), tokens_per_call
@@ -428,6 +473,7 @@ def speculative_decode(
         sampling,
         eos_id,
         rng,
+        partitioner,
     )
     return _checked(_speculative_jit(*args, **static), "target")
 
@@ -444,8 +490,12 @@ def compile_speculative(
     sampling: SamplingConfig = SamplingConfig(),
     eos_id: int,
     rng: jax.Array | None = None,
-) -> tuple[Callable[[], DecodeOutput], float]:
-    """Ahead-of-time compiled `speculative_decode`: (run() -> DecodeOutput, compile seconds)."""
+    partitioner: Any = None,
+) -> tuple[Callable[..., DecodeOutput], float]:
+    """Ahead-of-time compiled `speculative_decode`: (run() -> DecodeOutput, compile seconds).
+
+    run(batch=None, rng=None) reruns the same executable on another batch of identical shapes.
+    """
     args, static = _speculative_args(
         target,
         target_params,
@@ -457,12 +507,23 @@ def compile_speculative(
         sampling,
         eos_id,
         rng,
+        partitioner,
     )
     return _compile(_speculative_jit, args, static, static_positions=(0, 2), which="target")
 
 
 def _speculative_args(
-    target, target_params, draft, draft_params, batch, gamma, max_decode_len, sampling, eos_id, rng
+    target,
+    target_params,
+    draft,
+    draft_params,
+    batch,
+    gamma,
+    max_decode_len,
+    sampling,
+    eos_id,
+    rng,
+    partitioner=None,
 ):
     if not isinstance(gamma, (int, np.integer)) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
@@ -479,7 +540,23 @@ def _speculative_args(
     static = dict(
         gamma=int(gamma), max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id)
     )
+    if partitioner is not None:
+        static["partitioner"] = partitioner
+        target_params = partitioner.place_params(target, target_params, "target")
+        draft_params = partitioner.place_params(draft, draft_params, "draft")
+        batch, rng = _place_inputs(partitioner, batch, rng)
     return (target, target_params, draft, draft_params, batch, rng), static
+
+
+def _constrain_state(partitioner, model, state, role):
+    """Pins a decode state to its shardings (batch on 'data', heads as the rules say), so GSPMD
+    keeps the cache split through the loop instead of choosing a layout of its own."""
+    return state if partitioner is None else partitioner.constrain_state(model, state, role)
+
+
+def _place_inputs(partitioner, batch, rng):
+    """Batch rows on 'data', the rng replicated: the jitted loop gets committed, sharded inputs."""
+    return partitioner.place_batch(batch), jax.device_put(rng, partitioner.replicated())
 
 
 def _compile(jitted, args, static, static_positions, which):
@@ -487,7 +564,18 @@ def _compile(jitted, args, static, static_positions, which):
     compiled = jitted.lower(*args, **static).compile()
     seconds = time.perf_counter() - start
     dynamic = [a for i, a in enumerate(args) if i not in static_positions]
-    return (lambda: _checked(compiled(*dynamic), which)), seconds
+
+    def run(batch=None, rng=None):
+        """Runs the compiled decode; batch and rng (the last two arguments) may be replaced by
+        arrays of the same shapes, e.g. the next chunk of a padded input set."""
+        call = list(dynamic)
+        if batch is not None:
+            call[-2] = batch
+        if rng is not None:
+            call[-1] = rng
+        return _checked(compiled(*call), which)
+
+    return run, seconds
 
 
 # ------------------------------------------------------------------------------------------------
@@ -523,7 +611,7 @@ def _validate(model, batch, max_decode_len, sampling, block):
         raise ValueError(
             "decoder-only models need batch['prompt'] [B, P] and ['prompt_lengths'] [B]"
         )
-    prompt, lengths = batch["prompt"], np.asarray(batch["prompt_lengths"])
+    prompt, lengths = batch["prompt"], _to_host(batch["prompt_lengths"])
     if prompt.ndim != 2 or lengths.shape != (prompt.shape[0],):
         raise ValueError(
             f"prompt must be [B, P] and prompt_lengths [B]; got {prompt.shape} and {lengths.shape}"
@@ -542,9 +630,18 @@ def _validate(model, batch, max_decode_len, sampling, block):
         )
 
 
+def _to_host(x: Any) -> np.ndarray:
+    """numpy value of a small array; a global array spread over several hosts is all-gathered."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def _checked(out: DecodeOutput, which: str) -> DecodeOutput:
     """Raises on NaN logits: one host check after the loop (never inside it)."""
-    bad = np.asarray(out.stats["nan_logits"])
+    bad = _to_host(out.stats["nan_logits"])
     if bad.any():
         raise FloatingPointError(
             f"the {which} produced NaN logits for batch rows {np.flatnonzero(bad).tolist()}; "

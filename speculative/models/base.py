@@ -33,7 +33,9 @@ class DecodeState:
       cache: per-layer dict {"key": [B, K, S, D], "value": [B, K, S, D]} (heads-major, see `attend`).
       index: [B] int32, number of valid positions in each row's cache.
       extras: model-specific constants computed once in `init_state` (e.g. T5's encoder outputs and
-        cross-attention keys/values); None for decoder-only models.
+        cross-attention keys/values); None for decoder-only models. Every leaf is per row (leading
+        axis B); 4-D leaves are heads-major keys/values [B, H, S, D] (`decode_state_axes` relies
+        on both).
     """
 
     cache: dict[str, dict[str, jax.Array]]
@@ -45,6 +47,27 @@ class DecodeState:
         """Static cache length S."""
         first = next(iter(self.cache.values()))
         return first["key"].shape[2]
+
+
+def decode_state_axes(state: DecodeState, cache_heads: str = "kv_heads") -> DecodeState:
+    """Logical axis names of every array of `state` (a PartitionSpec per leaf), for SPMD rules.
+
+    cache [B, K, S, D] -> ("batch", cache_heads, "length", "kv"); index [B] -> ("batch",);
+    extras: 4-D leaves [B, H, S, D] -> ("batch", "heads", "length", "kv"), others ("batch", None...).
+    Works on real arrays and on `jax.ShapeDtypeStruct`s (only ranks are read).
+    """
+
+    def extra(leaf):
+        if leaf.ndim == 4:
+            return jax.sharding.PartitionSpec("batch", "heads", "length", "kv")
+        return jax.sharding.PartitionSpec("batch", *(None,) * (leaf.ndim - 1))
+
+    cache_spec = jax.sharding.PartitionSpec("batch", cache_heads, "length", "kv")
+    return DecodeState(
+        cache=jax.tree_util.tree_map(lambda _: cache_spec, state.cache),
+        index=jax.sharding.PartitionSpec("batch"),
+        extras=jax.tree_util.tree_map(extra, state.extras),
+    )
 
 
 @runtime_checkable
