@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax
@@ -79,7 +79,7 @@ def _emit(
     done: jax.Array,
     block: jax.Array,
     count: jax.Array,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     max_decode_len: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Appends the first count[b] tokens of block[b] to each active row, stopping at EOS / the limit.
@@ -92,7 +92,7 @@ def _emit(
     """
     width = block.shape[1]
     in_block = jnp.arange(width)[None, :] < count[:, None]
-    is_eos = (block == eos_id) & in_block
+    is_eos = jnp.isin(block, jnp.asarray(eos_id, jnp.int32)) & in_block
     has_eos = jnp.any(is_eos, axis=1)
     count = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, count)
     count = jnp.minimum(count, max_decode_len - lengths)
@@ -187,7 +187,7 @@ def autoregressive_decode(
     *,
     max_decode_len: int,
     sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int,
+    eos_id: int | Sequence[int],
     rng: jax.Array | None = None,
     partitioner: Any = None,
 ) -> DecodeOutput:
@@ -197,7 +197,8 @@ def autoregressive_decode(
       batch: {"prompt": int32[B, P], "prompt_lengths": int32[B]} (decoder-only, right-padded) or
         {"encoder_input_tokens": int32[B, L]} (encoder-decoder, 0 = pad).
       max_decode_len: tokens to generate at most per row.
-      eos_id: a row stops after emitting it.
+      eos_id: a row stops after emitting it; a sequence of ids stops at any of them (e.g. Qwen's
+        <|im_end|> and <|endoftext|>).
       partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh (params, batch and
         cache sharded by its rules; outputs sharded by rows over 'data').
     Returns:
@@ -217,7 +218,7 @@ def compile_autoregressive(
     *,
     max_decode_len: int,
     sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int,
+    eos_id: int | Sequence[int],
     rng: jax.Array | None = None,
     partitioner: Any = None,
 ) -> tuple[Callable[..., DecodeOutput], float]:
@@ -238,7 +239,7 @@ def _autoregressive_args(
 ):
     _validate(model, batch, max_decode_len, sampling, block=1)
     rng = jax.random.PRNGKey(0) if rng is None else rng
-    static = dict(max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id))
+    static = dict(max_decode_len=int(max_decode_len), sampling=sampling, eos_id=_stop_ids(eos_id))
     if partitioner is not None:
         static["partitioner"] = partitioner
         params = partitioner.place_params(model, params, "target")
@@ -443,7 +444,7 @@ def speculative_decode(
     gamma: int,
     max_decode_len: int,
     sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int,
+    eos_id: int | Sequence[int],
     rng: jax.Array | None = None,
     partitioner: Any = None,
 ) -> DecodeOutput:
@@ -488,7 +489,7 @@ def compile_speculative(
     gamma: int,
     max_decode_len: int,
     sampling: SamplingConfig = SamplingConfig(),
-    eos_id: int,
+    eos_id: int | Sequence[int],
     rng: jax.Array | None = None,
     partitioner: Any = None,
 ) -> tuple[Callable[..., DecodeOutput], float]:
@@ -538,7 +539,10 @@ def _speculative_args(
     _validate(draft, batch, max_decode_len, sampling, block=gamma + 1)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     static = dict(
-        gamma=int(gamma), max_decode_len=int(max_decode_len), sampling=sampling, eos_id=int(eos_id)
+        gamma=int(gamma),
+        max_decode_len=int(max_decode_len),
+        sampling=sampling,
+        eos_id=_stop_ids(eos_id),
     )
     if partitioner is not None:
         static["partitioner"] = partitioner
@@ -580,6 +584,14 @@ def _compile(jitted, args, static, static_positions, which):
 
 # ------------------------------------------------------------------------------------------------
 # Validation and sizes.
+
+
+def _stop_ids(eos_id) -> tuple[int, ...]:
+    """A hashable (static) tuple of stop ids from an int or a sequence of ints."""
+    ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
+    if not ids or not all(isinstance(i, (int, np.integer)) for i in ids):
+        raise ValueError(f"eos_id must be an int or a non-empty sequence of ints, got {eos_id!r}")
+    return tuple(int(i) for i in ids)
 
 
 def _batch_size(batch: dict[str, jax.Array]) -> int:

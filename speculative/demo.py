@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
     draft, draft_params, draft_vocab = load(args.draft)
     vocab.check_compatible(draft_vocab, target_vocab)
     problems = prompts.humaneval_prompts(args.prompts)
-    common = dict(max_decode_len=args.max_decode_len, sampling=cfg, eos_id=target_vocab.eos_id)
+    common = dict(max_decode_len=args.max_decode_len, sampling=cfg, eos_id=target_vocab.stop_ids)
 
     print(
         f"\njax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "

@@ -258,3 +258,19 @@ def test_compiled_entry_points_match_the_plain_calls(target, draft, batch):
     run, _ = decoding.compile_autoregressive(*target, batch, rng=rng, **kwargs)
     direct = decoding.autoregressive_decode(*target, batch, rng=rng, **kwargs)
     np.testing.assert_array_equal(run().tokens, direct.tokens)
+
+
+def test_several_stop_ids(target, draft, batch):
+    """eos_id may be a sequence (Qwen completion ends with <|endoftext|>, chat with <|im_end|>)."""
+    free = decoding.autoregressive_decode(*target, batch, max_decode_len=MAX_LEN, eos_id=V)
+    stops = (int(free.tokens[0, 5]), int(free.tokens[2, 3]))
+    plain = decoding.autoregressive_decode(*target, batch, max_decode_len=MAX_LEN, eos_id=stops)
+    spec = decoding.speculative_decode(
+        *target, *draft, batch, gamma=3, max_decode_len=MAX_LEN, eos_id=stops
+    )
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    for unstopped, length in zip(np.asarray(free.tokens), np.asarray(plain.lengths), strict=True):
+        hits = np.flatnonzero(np.isin(unstopped, stops))
+        assert length == (hits[0] + 1 if hits.size else MAX_LEN)
+    with pytest.raises(ValueError, match="eos_id"):
+        decoding.autoregressive_decode(*target, batch, max_decode_len=4, eos_id=())

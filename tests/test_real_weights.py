@@ -214,6 +214,7 @@ def test_qwen_pair_loads_and_shares_a_tokenizer(qwen_paths, qwen_target, qwen_dr
     vocab.check_compatible(draft_vocab, qwen_vocab)
     assert list(draft_vocab.tokens) == list(qwen_vocab.tokens)
     assert draft_vocab.eos_id == qwen_vocab.eos_id == 151645
+    assert qwen_vocab.stop_ids == (151643, 151645)  # <|endoftext|> ends plain completions
     with pytest.raises(ValueError, match="differ in size"):
         vocab.check_compatible(vocab.from_gguf(fetch.ensure_model("smollm2-135m")), qwen_vocab)
 

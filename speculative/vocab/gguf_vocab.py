@@ -118,6 +118,17 @@ class GGUFVocabulary:
     def tokens(self) -> Sequence[str]:
         return self._tokens
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """EOS plus the end-of-text control tokens a completion may end with.
+
+        Chat-tuned Qwen files name <|im_end|> as EOS, but plain completion ends with
+        <|endoftext|>; decoding should stop at either.
+        """
+        names = ("<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>")
+        extra = [i for i in self._special_ids if self._tokens[i] in names]
+        return tuple(sorted({self.eos_id, *extra}))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of text; control tokens written in the text (e.g. "<|im_end|>") stay whole.
 
