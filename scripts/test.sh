@@ -5,7 +5,7 @@
 #   scripts/test.sh ARGS...    extra pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh dev
+bash scripts/setup_env.sh dev,seqio  # seqio: the offline seqio Task test (tests/test_seqio_task.py)
 if [[ "${1:-}" == "--slow" ]]; then
   shift
   exec .venv/bin/python -m pytest -m slow "$@"

@@ -1,0 +1,429 @@
+"""Benchmark job: plain vs speculative decoding of the same target, prompts and sampling, one run.
+
+    python -m speculative.benchmark --gin_file=configs/runs/benchmark.gin \
+        --gin_file=configs/demo/qwen_coder_benchmark.gin --gin.OUTPUT_DIR="'benchmarks/qwen'"
+
+For every batch size B (skipped, and recorded as such, when its estimated memory does not fit or
+the run fails for lack of memory), temperature T and gamma:
+  - the inputs are cut into ceil(N / B) batches (cycling the N inputs to fill the last one), all
+    padded to one width, so each decoder compiles once per (B, T, gamma);
+  - compile time is measured apart (ahead-of-time compilation), then one warm-up run (not timed),
+    then every batch is timed `repeats` times; a batch's time is its median; tokens/s is total
+    tokens over the sum of medians. Plain and speculative use the same rng per batch;
+  - c = draft step / target step, both timed single-token steps at batch B.
+Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from the measured alpha
+(pooled over the gammas of a (B, T) cell) and c; the optimal gamma maximises that prediction.
+Writes OUTPUT_DIR/benchmark.json, speedup_vs_gamma.png, speedup_vs_batch.png and
+acceptance_by_position.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+
+from speculative import decoding, infer, metrics, timing, vocab
+from speculative import model_loading as ml
+from speculative.gin_flags import JobError
+from speculative.job_config import BenchmarkConfig
+from speculative.job_io import prepare_output_dir, read_examples
+from speculative.sampling import SamplingConfig
+
+
+def validate(cfg: BenchmarkConfig) -> None:
+    for name in ("target", "draft", "vocabulary", "output_dir"):
+        if getattr(cfg, name) is gin.REQUIRED:
+            raise JobError(f"speculative.BenchmarkConfig.{name} is required")
+    ml.validate_model_spec(cfg.target, "target")
+    ml.validate_model_spec(cfg.draft, "draft")
+    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+    for name in ("gammas", "batch_sizes"):
+        values = list(getattr(cfg, name))
+        if not values or any(not isinstance(v, int) or v < 1 for v in values):
+            raise JobError(f"{name} must be a non-empty list of integers >= 1, got {values}")
+    if not list(cfg.temperatures) or any(t < 0 for t in cfg.temperatures):
+        raise JobError(
+            f"temperatures must be a non-empty list of values >= 0, got {cfg.temperatures}"
+        )
+    if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
+        raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
+
+
+def cycled_batches(ids: Sequence[Sequence[int]], batch_size: int) -> list[list[Sequence[int]]]:
+    """ceil(N / B) batches of B rows; row i of batch j is input (j * B + i) mod N."""
+    n = len(ids)
+    return [
+        [ids[(j * batch_size + i) % n] for i in range(batch_size)]
+        for j in range(math.ceil(n / batch_size))
+    ]
+
+
+def estimated_bytes(models: Sequence[Any], batch_size: int, cache_len: int, block: int) -> int:
+    """Rough working memory of decoding beyond the weights: KV caches of every model plus ~8
+    float32 copies of the [B, block, V] logits (probabilities, residuals). An estimate, used only
+    to skip batch sizes that clearly cannot fit."""
+    total = 0
+    for model in models:
+        cfg = model.config
+        layers = getattr(cfg, "num_layers", None) or cfg.num_decoder_layers
+        kv_heads = getattr(cfg, "num_kv_heads", None) or cfg.num_heads
+        total += 2 * layers * batch_size * cache_len * kv_heads * cfg.head_dim * 4
+    return total + 8 * batch_size * block * models[0].vocab_size * 4
+
+
+def available_bytes() -> int:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def time_decoder(
+    compile_fn: Callable[[dict, jax.Array], tuple[Callable[[], decoding.DecodeOutput], float]],
+    batches: Sequence[dict],
+    seed: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Compiles, warms up, and times a decoder over batches (see the module docstring).
+
+    Returns {seconds (sum of per-batch medians), tokens, compile_s, outputs (last run per batch)}.
+    """
+    compile_s, seconds, tokens, outputs = 0.0, 0.0, 0, []
+    for j, batch in enumerate(batches):
+        run, c = compile_fn(batch, jax.random.fold_in(jax.random.PRNGKey(seed), j))
+        compile_s += c
+        if j == 0:
+            timing.block(run())  # warm-up, not timed
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = timing.block(run())
+            times.append(time.perf_counter() - start)
+        seconds += statistics.median(times)
+        tokens += int(np.sum(out.lengths))
+        outputs.append(out)
+    return {"seconds": seconds, "tokens": tokens, "compile_s": compile_s, "outputs": outputs}
+
+
+def _stats(outputs: Sequence[decoding.DecodeOutput]) -> dict[str, Any]:
+    stats = {k: np.concatenate([np.asarray(o.stats[k]) for o in outputs]) for k in outputs[0].stats}
+    return metrics.summarize(stats, np.concatenate([np.asarray(o.lengths) for o in outputs]))
+
+
+def sweep_cell(
+    target: ml.Loaded,
+    draft: ml.Loaded,
+    batches: Sequence[dict],
+    cfg: BenchmarkConfig,
+    sampling: SamplingConfig,
+    eos_id: int,
+    c: float,
+) -> list[dict[str, Any]]:
+    """All gammas at one (batch size, temperature): one plain baseline, one point per gamma."""
+    common = dict(max_decode_len=cfg.feature_lengths["targets"], sampling=sampling, eos_id=eos_id)
+    plain = time_decoder(
+        lambda b, rng: decoding.compile_autoregressive(
+            target.model, target.params, b, rng=rng, **common
+        ),
+        batches,
+        cfg.seed,
+        cfg.repeats,
+    )
+    plain_tok_s = plain["tokens"] / plain["seconds"]
+    points = []
+    for gamma in cfg.gammas:
+        spec = time_decoder(
+            lambda b, rng, g=gamma: decoding.compile_speculative(
+                target.model,
+                target.params,
+                draft.model,
+                draft.params,
+                b,
+                gamma=g,
+                rng=rng,
+                **common,
+            ),
+            batches,
+            cfg.seed,
+            cfg.repeats,
+        )
+        summary = _stats(spec["outputs"])
+        same = None
+        if sampling.greedy:
+            same = all(
+                np.array_equal(np.asarray(p.tokens), np.asarray(s.tokens))
+                for p, s in zip(plain["outputs"], spec["outputs"])
+            )
+        spec_tok_s = spec["tokens"] / spec["seconds"]
+        points.append(
+            {
+                "gamma": gamma,
+                "alpha": summary["alpha"],
+                "tau": summary["tau"],
+                "acceptance_by_position": summary["acceptance_by_position"],
+                "plain_tokens": plain["tokens"],
+                "plain_s": plain["seconds"],
+                "plain_tok_s": plain_tok_s,
+                "plain_compile_s": plain["compile_s"],
+                "speculative_tokens": spec["tokens"],
+                "speculative_s": spec["seconds"],
+                "speculative_tok_s": spec_tok_s,
+                "speculative_compile_s": spec["compile_s"],
+                "speedup": spec_tok_s / plain_tok_s,
+                "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
+                "greedy_identical_to_plain": same,
+            }
+        )
+        print(
+            f"  gamma {gamma}: alpha {summary['alpha']:.3f} tau {summary['tau']:.2f} "
+            f"speedup {points[-1]['speedup']:.2f}x (Thm 3.8 {points[-1]['predicted_speedup']:.2f}x), "
+            f"plain {plain_tok_s:.1f} tok/s, speculative {spec_tok_s:.1f} tok/s",
+            flush=True,
+        )
+    return points
+
+
+def pooled_alpha(points: Sequence[Mapping[str, Any]]) -> float:
+    """alpha over a cell's gammas weighted by tokens (alpha does not depend on gamma)."""
+    weights = [p["speculative_tokens"] for p in points]
+    return float(np.average([p["alpha"] for p in points], weights=weights))
+
+
+def run(cfg: BenchmarkConfig) -> dict[str, Any]:
+    validate(cfg)
+    out_dir = prepare_output_dir(cfg.output_dir)
+    examples = read_examples(cfg.input_file, input_field=cfg.input_field, limit=cfg.num_examples)
+    vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
+    target = ml.load_model(cfg.target, "target")
+    draft = ml.load_model(cfg.draft, "draft")
+    if cfg.draft_vocabulary is not None:
+        try:
+            vocab.check_compatible(
+                ml.load_vocabulary(cfg.draft_vocabulary, "draft vocabulary"), vocabulary
+            )
+        except ValueError as e:
+            raise JobError(str(e)) from e
+    encdec = target.model.is_encoder_decoder
+    ids = infer.tokenize(examples, vocabulary, encdec, cfg.feature_lengths["inputs"])
+    width = infer.bucket(max(len(x) for x in ids), cfg.feature_lengths["inputs"])
+    max_gamma = max(cfg.gammas)
+    cache_len = (0 if encdec else width) + cfg.feature_lengths["targets"] + max_gamma + 1
+    result: dict[str, Any] = {
+        "target": target.description,
+        "draft": draft.description,
+        "inputs": cfg.input_file,
+        "num_examples": len(examples),
+        "feature_lengths": dict(cfg.feature_lengths),
+        "padded_input_width": width,
+        "repeats": cfg.repeats,
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "cells": [],
+        "skipped": [],
+    }
+    for B in cfg.batch_sizes:
+        need = estimated_bytes([target.model, draft.model], B, cache_len, max_gamma + 1)
+        if need > 0.8 * available_bytes():
+            reason = f"estimated {need / 2**30:.1f} GiB > 80% of available {available_bytes() / 2**30:.1f} GiB"
+            print(f"batch {B}: skipped ({reason})")
+            result["skipped"].append({"batch_size": B, "reason": reason})
+            continue
+        batches = [infer.make_batch(b, width, encdec) for b in cycled_batches(ids, B)]
+        try:
+            timing_c = infer.measure_c(target, draft, batches[0], cache_len)
+            for T in cfg.temperatures:
+                sampling = SamplingConfig(float(T), cfg.top_k, cfg.top_p)
+                print(f"batch {B}, temperature {T}, c {timing_c['c']:.3f}:", flush=True)
+                points = sweep_cell(
+                    target, draft, batches, cfg, sampling, vocabulary.eos_id, timing_c["c"]
+                )
+                alpha = pooled_alpha(points)
+                result["cells"].append(
+                    {
+                        "batch_size": B,
+                        "temperature": float(T),
+                        **timing_c,
+                        "alpha": alpha,
+                        "optimal_gamma": metrics.optimal_gamma(alpha, timing_c["c"]),
+                        "points": points,
+                    }
+                )
+                (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+        except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
+            if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            print(f"batch {B}: skipped (out of memory: {str(e)[:200]})")
+            result["skipped"].append({"batch_size": B, "reason": f"out of memory: {str(e)[:500]}"})
+    if not result["cells"]:
+        raise JobError("no batch size fitted in memory; nothing was measured")
+    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+    plot(result, out_dir)
+    print_table(result)
+    print(f"wrote {out_dir}/benchmark.json and plots")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# Reporting.
+
+
+def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup, tok/s."""
+    rows = []
+    for cell in result["cells"]:
+        for p in cell["points"]:
+            rows.append(
+                {
+                    "batch": cell["batch_size"],
+                    "T": cell["temperature"],
+                    "gamma": p["gamma"],
+                    "alpha": p["alpha"],
+                    "tau": p["tau"],
+                    "c": cell["c"],
+                    "speedup": p["speedup"],
+                    "predicted": p["predicted_speedup"],
+                    "plain_tok_s": p["plain_tok_s"],
+                    "spec_tok_s": p["speculative_tok_s"],
+                }
+            )
+    return rows
+
+
+def markdown_table(result: Mapping[str, Any]) -> str:
+    head = "| batch | T | γ | α | τ | c | speedup | Thm 3.8 | plain tok/s | spec tok/s |\n"
+    head += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    lines = [
+        f"| {r['batch']} | {r['T']:g} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
+        f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
+        for r in table_rows(result)
+    ]
+    return head + "\n".join(lines)
+
+
+def print_table(result: Mapping[str, Any]) -> None:
+    print(f"\n{result['target']}\n  draft {result['draft']}\n")
+    print(markdown_table(result))
+    for cell in result["cells"]:
+        print(
+            f"batch {cell['batch_size']}, T {cell['temperature']:g}: alpha {cell['alpha']:.3f}, "
+            f"c {cell['c']:.3f} -> optimal gamma (Thm 3.8) {cell['optimal_gamma']}"
+        )
+    for s in result["skipped"]:
+        print(f"batch {s['batch_size']} skipped: {s['reason']}")
+
+
+def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The three PNGs of the module docstring; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    cells = result["cells"]
+    temps = sorted({c["temperature"] for c in cells})
+    paths = []
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+    for ax, T in zip(axes[0], temps):
+        for i, cell in enumerate(c for c in cells if c["temperature"] == T):
+            color = f"C{i}"
+            gammas = [p["gamma"] for p in cell["points"]]
+            ax.plot(
+                gammas,
+                [p["speedup"] for p in cell["points"]],
+                "o",
+                color=color,
+                label=f"B={cell['batch_size']} measured",
+            )
+            grid = np.arange(1, max(gammas) + 1)
+            ax.plot(
+                grid,
+                [metrics.predicted_speedup(cell["alpha"], int(g), cell["c"]) for g in grid],
+                "--",
+                color=color,
+                label=f"B={cell['batch_size']} Thm 3.8 (α={cell['alpha']:.2f}, c={cell['c']:.2f})",
+            )
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xlabel="γ", ylabel="speedup over plain decoding", title=f"temperature {T:g}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=7)
+    paths.append(_save(fig, out_dir / "speedup_vs_gamma.png"))
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+    for ax, T in zip(axes[0], temps):
+        row = sorted((c for c in cells if c["temperature"] == T), key=lambda c: c["batch_size"])
+        for gamma in sorted({p["gamma"] for c in row for p in c["points"]}):
+            xs, ys = [], []
+            for cell in row:
+                for p in cell["points"]:
+                    if p["gamma"] == gamma:
+                        xs.append(cell["batch_size"])
+                        ys.append(p["speedup"])
+            ax.plot(xs, ys, "o-", label=f"γ={gamma}")
+        ax.set_xscale("log", base=2)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xlabel="batch size", ylabel="measured speedup", title=f"temperature {T:g}")
+        ax.legend(fontsize=7)
+    paths.append(_save(fig, out_dir / "speedup_vs_batch.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, T in enumerate(temps):
+        cell = min((c for c in cells if c["temperature"] == T), key=lambda c: c["batch_size"])
+        point = max(cell["points"], key=lambda p: p["gamma"])
+        positions = np.arange(1, point["gamma"] + 1)
+        ax.plot(
+            positions,
+            point["acceptance_by_position"],
+            "o-",
+            color=f"C{i}",
+            label=f"T={T:g}, γ={point['gamma']}, B={cell['batch_size']}",
+        )
+        ax.axhline(
+            point["alpha"], color=f"C{i}", ls=":", lw=1, label=f"T={T:g} α={point['alpha']:.2f}"
+        )
+    ax.set(
+        xlabel="draft position i", ylabel="P(accept x_i | x_1..x_{i-1} accepted)", ylim=(0, 1.05)
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
+    return paths
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str]) -> dict[str, Any] | None:
+    from speculative import gin_flags
+
+    args = gin_flags.parse_args(argv, __doc__.split("\n\n")[0])
+    gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
+    if args.print_config:
+        print(gin.config_str())
+        return None
+    try:
+        cfg = BenchmarkConfig()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise JobError(f"gin config: {e}") from e
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    from speculative.gin_flags import run_job
+
+    sys.exit(run_job(main))

@@ -1,0 +1,128 @@
+"""T5X-style gin flags shared by the jobs (`speculative.infer`, `speculative.benchmark`).
+
+    python -m speculative.infer --gin_file=configs/runs/infer.gin --gin_file=my_models.gin \
+        --gin.TARGET_CHECKPOINT="'/ckpt'" --gin_bindings="speculative.InferConfig.batch_size = 4" \
+        --gin_search_paths=/path/to/configs
+
+- `--gin_file` and `--gin_bindings` are repeatable and applied in order (later ones win).
+- `--gin.NAME=VALUE` is rewritten to `--gin_bindings=NAME = VALUE` (as T5X's `gin_utils.run`).
+  VALUE is gin syntax: strings need quotes (`--gin.OUTPUT_DIR="'/tmp/out'"`).
+- `--gin_search_paths` (repeatable, or comma-separated) are searched for gin files and `include`s;
+  the current directory and this repository's root are always searched, so
+  `include 'configs/models/t5_1_1/xxl.gin'` works from anywhere.
+- Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
+
+No absl: plain argparse, so the jobs also run where absl is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+import gin
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_REQUIRED_MACRO = re.compile(r"^([A-Za-z_][\w.]*)\s*=\s*%gin\.REQUIRED\s*$", re.MULTILINE)
+
+
+class JobError(Exception):
+    """A configuration or input problem the user can fix; jobs print it without a traceback."""
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
+    """Rewrites `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`; other args are unchanged."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            if "=" not in arg:
+                raise JobError(f"gin flags must look like --gin.NAME=VALUE, got {arg!r}")
+            name, value = arg[len("--gin.") :].split("=", 1)
+            arg = f"--gin_bindings={name} = {value}"
+        out.append(arg)
+    return out
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="--gin.NAME=VALUE is shorthand for --gin_bindings='NAME = VALUE'.",
+    )
+    parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
+    parser.add_argument(
+        "--gin_bindings", action="append", default=[], help="gin binding (repeatable)"
+    )
+    parser.add_argument(
+        "--gin_search_paths",
+        action="append",
+        default=[],
+        help="directories searched for gin files and includes (repeatable or comma-separated)",
+    )
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the parsed gin config and exit"
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str], description: str) -> argparse.Namespace:
+    """Parses job flags after the `--gin.NAME=VALUE` rewriting."""
+    args = build_parser(description).parse_args(rewrite_gin_args(argv))
+    args.gin_search_paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+    if not args.gin_file:
+        raise JobError("give at least one --gin_file (e.g. --gin_file=configs/runs/infer.gin)")
+    return args
+
+
+def missing_required_macros() -> list[str]:
+    """Names of the macros still bound to %gin.REQUIRED in the parsed config."""
+    return _REQUIRED_MACRO.findall(gin.config_str())
+
+
+def parse_gin(
+    gin_files: Sequence[str], bindings: Sequence[str] = (), search_paths: Sequence[str] = ()
+) -> None:
+    """Clears gin, registers every configurable the jobs know, parses files then bindings.
+
+    Raises:
+      JobError: unknown configurable or parameter, unreadable file, syntax error, or a macro left
+        at %gin.REQUIRED (all named in the message).
+    """
+    register_configurables()
+    gin.clear_config()
+    for path in ["."] + list(search_paths) + [str(REPO_ROOT)]:
+        gin.add_config_file_search_path(path)
+    try:
+        gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=False)
+    except (ValueError, OSError, SyntaxError, TypeError) as e:
+        raise JobError(f"gin config: {e}") from e
+    missing = missing_required_macros()
+    if missing:
+        flags = " ".join(f"--gin.{name}=..." for name in missing)
+        raise JobError(
+            f"required gin macro(s) not set: {', '.join(missing)}. Bind them in a gin file or on "
+            f"the command line, e.g. {flags}"
+        )
+    try:
+        gin.finalize()
+    except (ValueError, TypeError) as e:
+        raise JobError(f"gin config: {e}") from e
+
+
+def register_configurables() -> None:
+    """Imports the modules whose gin registrations job configs may use (idempotent)."""
+    import speculative.configurables  # noqa: F401  t5.*, decoder.*, sampling.*
+    import speculative.job_config  # noqa: F401  speculative.InferConfig, BenchmarkConfig, tasks
+    import speculative.model_loading  # noqa: F401  speculative.ModelSpec, VocabSpec
+
+
+def run_job(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:
+    """Runs main(argv); a JobError is printed as one line on stderr with exit status 2."""
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except JobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

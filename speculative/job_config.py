@@ -1,0 +1,124 @@
+"""Gin-configurable settings of the jobs (`speculative.infer`, `speculative.benchmark`).
+
+Kept apart from the job modules so that `python -m speculative.infer` (which runs infer.py as
+__main__) never registers a configurable twice, and so that configs can be built and checked
+without importing any job code. Building these dataclasses reads no weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gin
+
+from speculative.gin_flags import JobError
+from speculative.sampling import SamplingConfig
+
+SEQIO_INSTALL = "pip install 'speculative[seqio]'  (or: pip install .[seqio] in the repository)"
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class InferConfig:
+    """Everything the inference job does. See configs/runs/infer.gin for the macros.
+
+    input_file: a .jsonl / .jsonl.gz / .tsv path or "humaneval"; or mixture_or_task_name (seqio).
+    feature_lengths: {"inputs": max input tokens (longer inputs are truncated: encoder inputs keep
+      their start, as seqio does; decoder prompts keep their end, where generation continues),
+      "targets": tokens generated at most per example}.
+    task_setup: a callable run before the seqio lookup (e.g. @speculative.seqio_tsv_task), for
+      tasks defined in gin; task_module: a module imported for its task registrations (T5X style).
+    """
+
+    target: Any = gin.REQUIRED
+    draft: Any = None
+    vocabulary: Any = gin.REQUIRED
+    draft_vocabulary: Any = None
+    output_dir: str = gin.REQUIRED
+    speculative: bool = True
+    gamma: int = 4
+    sampling: SamplingConfig = SamplingConfig()
+    batch_size: int = 1
+    feature_lengths: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {"inputs": 512, "targets": 64}
+    )
+    input_file: str | None = None
+    input_field: str = "inputs"
+    target_field: str | None = "targets"
+    mixture_or_task_name: str | None = None
+    task_split: str = "validation"
+    task_setup: Callable[[], Any] | None = None
+    task_module: str | None = None
+    num_examples: int | None = None
+    seed: int = 0
+    measure_c: bool = True
+    progress: bool = True
+
+
+# ------------------------------------------------------------------------------------------------
+# seqio hooks (seqio is an optional extra; nothing here imports it unless a task is used).
+
+
+def seqio_tasks_module():
+    """speculative.seqio_tasks, or a JobError saying how to install seqio."""
+    try:
+        return importlib.import_module("speculative.seqio_tasks")
+    except ImportError as e:
+        if "seqio" not in str(e) and "tensorflow" not in str(e):
+            raise
+        raise JobError(
+            f"a seqio Task/Mixture needs the seqio extra, which is missing ({e}): {SEQIO_INSTALL}"
+        ) from e
+
+
+@gin.configurable(module="speculative")
+def seqio_tsv_task(
+    name: str = gin.REQUIRED,
+    path: str = gin.REQUIRED,
+    prefix: str = "",
+    vocabulary: str = "byte",
+    split: str = "validation",
+) -> str:
+    """Registers a seqio Task over a local TSV of (input, target) pairs; returns its name."""
+    return seqio_tasks_module().add_tsv_task(name, path, prefix, vocabulary, split)
+
+
+@gin.configurable(module="speculative")
+def paper_tasks(vocabulary: str | None = None) -> None:
+    """Registers the Table 2 tasks (speculative_wmt_t2t_ende, speculative_cnn_dailymail)."""
+    module = seqio_tasks_module()
+    module.add_paper_tasks(vocabulary or module.T5_VOCABULARY)
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class BenchmarkConfig:
+    """Plain vs speculative decoding of one target on the same prompts, in one run.
+
+    Sweeps every (temperature, batch size, gamma); each timed point is the median of `repeats`
+    runs after one warm-up run, with compilation timed apart. Batch sizes that do not fit in
+    memory are recorded as skipped. input_file: as InferConfig ("humaneval" or a JSONL/TSV file);
+    the first num_examples inputs are used, cycled to fill a batch larger than them.
+    """
+
+    target: Any = gin.REQUIRED
+    draft: Any = gin.REQUIRED
+    vocabulary: Any = gin.REQUIRED
+    draft_vocabulary: Any = None
+    output_dir: str = gin.REQUIRED
+    input_file: str = "humaneval"
+    input_field: str = "inputs"
+    num_examples: int = 8
+    feature_lengths: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {"inputs": 512, "targets": 64}
+    )
+    gammas: Sequence[int] = (1, 2, 3, 4, 5, 6)
+    temperatures: Sequence[float] = (0.0, 1.0)
+    top_k: int = 0
+    top_p: float = 1.0
+    batch_sizes: Sequence[int] = (1, 4, 16, 64)
+    repeats: int = 3
+    seed: int = 0

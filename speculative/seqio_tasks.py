@@ -1,0 +1,136 @@
+"""seqio Tasks for the jobs: the paper's Table 2 datasets and local TSV files.
+
+Imported only when seqio is installed (`pip install .[seqio]`); the jobs reach it through
+`speculative.job_config.seqio_tasks_module`, which explains how to install seqio when it is missing.
+
+Table 2 tasks (TFDS sources; need TFDS data access, e.g. a Cloud TPU VM with gs://tfds-data or a
+prepared TFDS_DATA_DIR), with T5's preprocessing written out here (the `t5` package is not needed):
+  speculative_wmt_t2t_ende    wmt_t2t_translate/de-en:1.0.0,
+                              inputs "translate English to German: {en}", targets "{de}"
+  speculative_cnn_dailymail   cnn_dailymail:3.4.0, inputs "summarize: {article}", targets "{highlights}"
+Both tokenize with T5's SentencePiece vocabulary (32000 pieces + 100 extra ids) and append EOS
+after trimming to the feature lengths, as T5's wmt_t2t_ende_v003 and cnn_dailymail_v002 do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import seqio
+import tensorflow as tf
+
+from speculative.job_io import Example
+
+T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+WMT_ENDE = "speculative_wmt_t2t_ende"
+CNN_DM = "speculative_cnn_dailymail"
+
+
+def vocabulary(spec: str) -> seqio.Vocabulary:
+    """'byte' -> seqio.ByteVocabulary; otherwise a SentencePiece model path (T5's 100 extra ids)."""
+    if spec == "byte":
+        return seqio.ByteVocabulary()
+    return seqio.SentencePieceVocabulary(spec, extra_ids=100)
+
+
+def _features(vocab: seqio.Vocabulary) -> dict[str, seqio.Feature]:
+    return {
+        "inputs": seqio.Feature(vocabulary=vocab, add_eos=True, required=False),
+        "targets": seqio.Feature(vocabulary=vocab, add_eos=True),
+    }
+
+
+def _add(name: str, **kwargs) -> str:
+    """Registers a task, replacing an earlier registration of the same name (idempotent)."""
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(name, **kwargs)
+    return name
+
+
+@seqio.map_over_dataset
+def _prefix_pair(x: Mapping[str, tf.Tensor], inputs_key: str, targets_key: str, prefix: str):
+    """T5 text-to-text preprocessing: {"inputs": prefix + x[inputs_key], "targets": x[targets_key]}."""
+    return {
+        "inputs": tf.strings.join([prefix, x[inputs_key]]),
+        "targets": x[targets_key],
+    }
+
+
+def _parse_tsv(line: tf.Tensor) -> dict[str, tf.Tensor]:
+    inputs, targets = tf.io.decode_csv(
+        line, record_defaults=["", ""], field_delim="\t", use_quote_delim=False
+    )
+    return {"inputs": inputs, "targets": targets}
+
+
+def _tsv_pairs(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    return dataset.map(_parse_tsv, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _text_to_text(inputs_key: str, targets_key: str, prefix: str) -> list:
+    return [
+        functools.partial(
+            _prefix_pair, inputs_key=inputs_key, targets_key=targets_key, prefix=prefix
+        ),
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def add_tsv_task(name: str, path: str, prefix: str, vocab: str, split: str) -> str:
+    """A Task over a local TSV of `input<TAB>target` lines (e.g. tests/data/trans_de_en.tsv)."""
+    return _add(
+        name,
+        source=seqio.TextLineDataSource({split: path}, cycle_length=1),
+        preprocessors=[_tsv_pairs] + _text_to_text("inputs", "targets", prefix),
+        output_features=_features(vocabulary(vocab)),
+    )
+
+
+def add_paper_tasks(vocab: str = T5_VOCABULARY) -> tuple[str, str]:
+    """Registers the two Table 2 tasks (TFDS sources are opened lazily, at get_dataset)."""
+    features = _features(vocabulary(vocab))
+    wmt = _add(
+        WMT_ENDE,
+        source=seqio.TfdsDataSource(tfds_name="wmt_t2t_translate/de-en:1.0.0"),
+        preprocessors=_text_to_text("en", "de", "translate English to German: "),
+        output_features=features,
+    )
+    cnn = _add(
+        CNN_DM,
+        source=seqio.TfdsDataSource(tfds_name="cnn_dailymail:3.4.0"),
+        preprocessors=_text_to_text("article", "highlights", "summarize: "),
+        output_features=features,
+    )
+    return wmt, cnn
+
+
+def task_examples(
+    name: str, split: str, feature_lengths: Mapping[str, int], limit: int | None
+) -> list[Example]:
+    """The first `limit` examples of a registered Task/Mixture split, in dataset order (no shuffle).
+
+    ids are seqio's token ids of "inputs" (trimmed to feature_lengths["inputs"] - 1, then EOS).
+    """
+    task = seqio.get_mixture_or_task(name)
+    dataset = task.get_dataset(
+        sequence_length=dict(feature_lengths), split=split, shuffle=False, num_epochs=1
+    )
+    if limit is not None:
+        dataset = dataset.take(limit)
+    examples = []
+    for i, ex in enumerate(dataset.as_numpy_iterator()):
+        text = ex.get("inputs_pretokenized", b"")
+        targets = ex.get("targets_pretokenized")
+        examples.append(
+            Example(
+                index=i,
+                inputs=text.decode("utf-8") if isinstance(text, bytes) else str(text),
+                targets=targets.decode("utf-8") if isinstance(targets, bytes) else None,
+                ids=tuple(int(t) for t in ex["inputs"]),
+            )
+        )
+    return examples

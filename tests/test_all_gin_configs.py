@@ -1,0 +1,162 @@
+"""Every gin file under configs/ parses and binds; job configs build their models (no weights).
+
+- configs/models/**: the file's MODEL builds (tests/test_gin_configs.py checks the sizes).
+- job configs (they include configs/runs/*.gin, or are those): parsed the way the jobs parse
+  them, with every `%gin.REQUIRED` macro bound to None (checkpoint paths, output dir), then the
+  job's config object is built; fragments (model files for the jobs) are parsed after
+  configs/runs/infer.gin.
+- configs/paper/**: the Table 2 rows: XXL target, the row's draft size (equal to the
+  configs/models/t5_1_1 file of that size), dataset task, temperature, gamma, batch 1.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import gin
+import pytest
+
+from speculative import configurables, gin_flags, job_config, model_loading
+from speculative.gin_flags import JobError
+from speculative.models import decoder, t5
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").rglob("*.gin"))
+
+# (dataset, temperature, draft size) -> gamma, as in Table 2 of the paper.
+TABLE_2 = {
+    ("ende", 0, "small"): 7,
+    ("ende", 0, "base"): 7,
+    ("ende", 0, "large"): 7,
+    ("ende", 1, "small"): 7,
+    ("ende", 1, "base"): 5,
+    ("ende", 1, "large"): 3,
+    ("cnndm", 0, "small"): 5,
+    ("cnndm", 0, "base"): 5,
+    ("cnndm", 0, "large"): 3,
+    ("cnndm", 1, "small"): 5,
+    ("cnndm", 1, "base"): 3,
+    ("cnndm", 1, "large"): 3,
+}
+TASKS = {"ende": "speculative_wmt_t2t_ende", "cnndm": "speculative_cnn_dailymail"}
+
+
+def _rel(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _job_files(path: pathlib.Path) -> list[str]:
+    text = path.read_text()
+    if _rel(path).startswith("configs/runs/") or "include 'configs/runs/" in text:
+        return [_rel(path)]
+    return ["configs/runs/infer.gin", _rel(path)]  # a models fragment for the jobs
+
+
+def _parse_binding_required_to_none(files: list[str]) -> None:
+    """Parses as the jobs do; REQUIRED macros (paths, output dir) are bound to None."""
+    try:
+        gin_flags.parse_gin(files)
+        return
+    except JobError as e:
+        match = re.search(r"not set: ([\w, ]+)\.", str(e))
+        if not match:
+            raise
+        missing = match.group(1).split(", ")
+    gin_flags.parse_gin(files, [f"{name} = None" for name in missing])
+
+
+def _job_config():
+    text = gin.config_str()
+    if "BenchmarkConfig." in text:
+        return job_config.BenchmarkConfig()
+    return job_config.InferConfig()
+
+
+def _isolated_model(gin_file: str):
+    gin.clear_config()
+    try:
+        return configurables.build_model([gin_file], search_path=str(ROOT))
+    finally:
+        gin.clear_config()
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_configs_found():
+    names = {_rel(p) for p in CONFIGS}
+    assert {"configs/runs/infer.gin", "configs/runs/benchmark.gin"} <= names
+    assert len([n for n in names if n.startswith("configs/paper/") and "drafts" not in n]) == 13
+    assert any(n.startswith("configs/demo/") for n in names)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_rel)
+def test_gin_file_parses_and_binds(path):
+    if _rel(path).startswith("configs/models/"):
+        model = _isolated_model(_rel(path))
+        assert model.vocab_size > 0
+        return
+    if _rel(path).startswith("configs/paper/drafts/"):
+        files = ["configs/paper/base.gin", _rel(path)]  # a draft needs the target's base
+    elif _rel(path) == "configs/paper/base.gin":  # and the base needs a draft
+        files = [_rel(path), "configs/paper/drafts/t5_1_1_small.gin"]
+    else:
+        files = _job_files(path)
+    _parse_binding_required_to_none(files)
+    cfg = _job_config()
+    for role in ("target", "draft"):
+        spec = getattr(cfg, role)
+        if spec is None or spec.format is None:  # configs/runs/*: format is a REQUIRED macro
+            continue
+        assert isinstance(spec, model_loading.ModelSpec) and spec.format in model_loading.FORMATS
+        if spec.format in ("t5x", "random"):
+            assert isinstance(spec.model, (t5.T5, decoder.DecoderLM)), role
+            hash(spec.model)  # a static jit argument
+        else:
+            assert spec.model is None, role  # architecture comes from the checkpoint
+    if not _rel(path).startswith("configs/runs/"):
+        assert isinstance(cfg.vocabulary, model_loading.VocabSpec)
+
+
+@pytest.mark.parametrize("name", ["infer", "benchmark"])
+def test_runs_files_mark_the_required_macros(name):
+    with pytest.raises(JobError) as e:
+        gin_flags.parse_gin([f"configs/runs/{name}.gin"])
+    required = set(re.search(r"not set: ([\w, ]+)\.", str(e.value)).group(1).split(", "))
+    assert required == {
+        "TARGET_FORMAT",
+        "TARGET_CHECKPOINT",
+        "DRAFT_FORMAT",
+        "DRAFT_CHECKPOINT",
+        "VOCABULARY",
+        "OUTPUT_DIR",
+    }
+
+
+@pytest.mark.parametrize("key, gamma", sorted(TABLE_2.items()), ids=lambda x: str(x))
+def test_paper_rows(key, gamma):
+    dataset, temperature, size = key
+    _parse_binding_required_to_none([f"configs/paper/{dataset}_t{temperature}_{size}.gin"])
+    cfg = job_config.InferConfig()
+    xxl = _isolated_model("configs/models/t5_1_1/xxl.gin").config
+    draft_size = _isolated_model(f"configs/models/t5_1_1/{size}.gin").config
+    gin.clear_config()
+    assert cfg.target.model.config == t5.T5Config(**{**vars(xxl), "dtype": "bfloat16"})
+    assert cfg.draft.model.config == t5.T5Config(**{**vars(draft_size), "dtype": "bfloat16"})
+    assert (cfg.gamma, cfg.sampling.temperature, cfg.batch_size) == (gamma, temperature, 1)
+    assert cfg.speculative and cfg.mixture_or_task_name == TASKS[dataset]
+    assert cfg.input_file is None and cfg.task_setup is not None
+    assert (cfg.target.format, cfg.draft.format) == ("t5x", "t5x")
+    assert cfg.vocabulary.kind == "sentencepiece" and cfg.vocabulary.path.startswith(
+        "gs://t5-data/"
+    )
+
+
+def test_paper_checkpoints_are_required_macros():
+    with pytest.raises(JobError, match="DRAFT_CHECKPOINT, OUTPUT_DIR, TARGET_CHECKPOINT"):
+        gin_flags.parse_gin(["configs/paper/ende_t0_small.gin"])
