@@ -33,7 +33,7 @@ import gin
 import jax
 import numpy as np
 
-from speculative import decoding, infer, metrics, timing, vocab
+from speculative import decoding, infer, memory, metrics, timing, vocab
 from speculative import model_loading as ml
 from speculative.gin_flags import JobError
 from speculative.job_config import BenchmarkConfig
@@ -216,6 +216,19 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     width = infer.bucket(max(len(x) for x in ids), cfg.feature_lengths["inputs"])
     max_gamma = max(cfg.gammas)
     cache_len = (0 if encdec else width) + cfg.feature_lengths["targets"] + max_gamma + 1
+    for batch_size in cfg.batch_sizes:
+        print(
+            f"batch {batch_size}, gamma {max_gamma}: "
+            + memory.job_report(
+                target.model,
+                draft.model,
+                batch_size=batch_size,
+                input_len=width,
+                max_decode_len=cfg.feature_lengths["targets"],
+                gamma=max_gamma,
+                param_dtype=jax.tree_util.tree_leaves(target.params)[0].dtype,
+            )
+        )
     result: dict[str, Any] = {
         "target": target.description,
         "draft": draft.description,

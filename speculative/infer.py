@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative import decoding, metrics, timing, vocab
+from speculative import decoding, memory, metrics, timing, vocab
 from speculative import model_loading as ml
 from speculative.gin_flags import JobError
 from speculative.job_config import InferConfig, seqio_tasks_module
@@ -283,6 +283,18 @@ def run(cfg: InferConfig) -> dict[str, Any]:
                 f"longest prompt + targets length = {need} tokens exceeds the model context {context}"
             )
 
+    if target is not None:
+        print(
+            memory.job_report(
+                target.model,
+                draft.model if draft is not None else None,
+                batch_size=B,
+                input_len=max(len(x) for x in ids),
+                max_decode_len=cfg.feature_lengths["targets"],
+                gamma=cfg.gamma if cfg.speculative else 0,
+                param_dtype=jax.tree_util.tree_leaves(target.params)[0].dtype,
+            )
+        )
     decode_s, decoded_tokens, seen_widths = 0.0, 0, set()
     # Running alpha for the progress bar, kept incrementally (re-pooling every row is O(N^2)).
     beta_sum = sum(r["alpha"] * r["verified"] for r in store.rows() if "alpha" in r)

@@ -220,6 +220,37 @@ def plan(
     )
 
 
+def job_report(
+    target: Any,
+    draft: Any | None,
+    *,
+    batch_size: int,
+    input_len: int,
+    max_decode_len: int,
+    gamma: int,
+    param_dtype: Any,
+    mesh_shape: Mapping[str, int] | None = None,
+) -> str:
+    """One line of bytes per device (params and decode state, target and draft) for a job's log.
+
+    mesh_shape defaults to one device ({"data": 1, "model": 1}), how the jobs decode today.
+    """
+    mesh_shape = dict(mesh_shape or {"data": 1, "model": 1})
+    args = (batch_size, input_len, max_decode_len, gamma)
+    parts = {
+        "target params": param_bytes(target, partitioning.TARGET_RULES, mesh_shape, param_dtype),
+        "target cache": state_bytes(target, partitioning.TARGET_RULES, mesh_shape, *args),
+    }
+    if draft is not None:
+        parts["draft params"] = param_bytes(
+            draft, partitioning.DRAFT_RULES, mesh_shape, param_dtype
+        )
+        parts["draft cache"] = state_bytes(draft, partitioning.DRAFT_RULES, mesh_shape, *args)
+    mesh = "x".join(str(n) for n in mesh_shape.values())
+    items = ", ".join(f"{k} {v / GIB:.3f}" for k, v in parts.items())
+    return f"memory per device (GiB, mesh {mesh}): {items}; total {sum(parts.values()) / GIB:.3f}"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of `Plan.row()` dicts (plus any extra leading keys)."""
     keys = list(rows[0])

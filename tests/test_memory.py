@@ -98,3 +98,33 @@ def test_report_table(paper):
     assert len(rows) == 9 and all(r["fits"] for r in rows)
     table = memory.format_table(rows)
     assert "TPU v4-8" in table and "H200 141GB" in table and "t5_1_1 large" in table
+
+
+def test_job_report_line_matches_the_planner():
+    from speculative.models import decoder
+
+    target = decoder.DecoderLM(
+        decoder.DecoderConfig(
+            vocab_size=1000,
+            emb_dim=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            mlp_dim=128,
+        )
+    )
+    line = memory.job_report(
+        target,
+        None,
+        batch_size=2,
+        input_len=10,
+        max_decode_len=20,
+        gamma=3,
+        param_dtype=jnp.float32,
+    )
+    params = memory.param_bytes(
+        target, partitioning.TARGET_RULES, {"data": 1, "model": 1}, jnp.float32
+    )
+    assert f"target params {params / memory.GIB:.3f}" in line and "draft" not in line
+    assert "mesh 1x1" in line
