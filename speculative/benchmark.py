@@ -424,16 +424,7 @@ def _save(fig, path: pathlib.Path) -> pathlib.Path:
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
     from speculative import gin_flags
 
-    args = gin_flags.parse_args(argv, __doc__.split("\n\n")[0])
-    gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
-    if args.print_config:
-        print(gin.config_str())
-        return None
-    try:
-        cfg = BenchmarkConfig()
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise JobError(f"gin config: {e}") from e
-    return run(cfg)
+    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], BenchmarkConfig, run)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import gin
 
@@ -116,6 +117,28 @@ def register_configurables() -> None:
     import speculative.configurables  # noqa: F401  t5.*, decoder.*, sampling.*
     import speculative.job_config  # noqa: F401  speculative.InferConfig, BenchmarkConfig, tasks
     import speculative.model_loading  # noqa: F401  speculative.ModelSpec, VocabSpec
+
+
+def configure_and_run(
+    argv: Sequence[str],
+    description: str,
+    make_config: Callable[[], Any],
+    run: Callable[[Any], Any],
+) -> Any:
+    """The body of a job's main(): flags -> gin -> config object -> run(config).
+
+    Returns None after --print_config; gin errors building the config become a JobError.
+    """
+    args = parse_args(argv, description)
+    parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
+    if args.print_config:
+        print(gin.config_str())
+        return None
+    try:
+        cfg = make_config()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise JobError(f"gin config: {e}") from e
+    return run(cfg)
 
 
 def run_job(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:

@@ -89,6 +89,33 @@ class LanguageModel(Protocol):
     ) -> tuple[jax.Array, DecodeState]: ...
 
 
+class ConfiguredModel:
+    """Shared plumbing of model families: a frozen config plus its flax module, hashable by config
+    so that a model can be a static `jax.jit` argument. Subclasses define `make_module`."""
+
+    is_encoder_decoder: bool = False
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.module = self.make_module(config)
+
+    def make_module(self, config: Any) -> Any:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.config == self.config
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.config))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+
 def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:
     """Writes update[b] into buffer[b] starting at index[b] along axis 1.
 

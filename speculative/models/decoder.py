@@ -220,27 +220,13 @@ class LogitsDense(nn.Module):
         return jnp.einsum("...e,ev->...v", x, kernel.astype(jnp.float32))
 
 
-class DecoderLM:
+class DecoderLM(base.ConfiguredModel):
     """Decoder-only LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
 
     is_encoder_decoder = False
 
-    def __init__(self, config: DecoderConfig):
-        self.config = config
-        self.module = DecoderStack(config)
-
-    def __eq__(self, other):
-        return isinstance(other, DecoderLM) and other.config == self.config
-
-    def __hash__(self):
-        return hash((DecoderLM, self.config))
-
-    def __repr__(self):
-        return f"DecoderLM({self.config})"
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
+    def make_module(self, config: DecoderConfig) -> DecoderStack:
+        return DecoderStack(config)
 
     def _dummy_inputs(self):
         cache = base.init_kv_cache(

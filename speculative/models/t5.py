@@ -411,27 +411,13 @@ class T5Module(nn.Module):
 # The model object decoding sees.
 
 
-class T5:
+class T5(base.ConfiguredModel):
     """Encoder-decoder LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
 
     is_encoder_decoder = True
 
-    def __init__(self, config: T5Config):
-        self.config = config
-        self.module = T5Module(config)
-
-    def __eq__(self, other):
-        return isinstance(other, T5) and other.config == self.config
-
-    def __hash__(self):
-        return hash((T5, self.config))
-
-    def __repr__(self):
-        return f"T5({self.config})"
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
+    def make_module(self, config: T5Config) -> T5Module:
+        return T5Module(config)
 
     @staticmethod
     def _dummy_inputs():
