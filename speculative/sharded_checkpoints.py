@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import tensorstore as ts
-from flax import serialization
 
 from speculative.checkpoints import t5x, validation
 from speculative.models import t5
@@ -32,17 +31,9 @@ def open_t5x(path: str) -> tuple[dict[str, Any], int]:
 
     Opening reads only metadata (.zarray); no parameter data is read here.
     """
-    raw = t5x._read_bytes(path, "checkpoint")
-    if raw is None:
-        raise FileNotFoundError(f"{path}: no T5X 'checkpoint' msgpack file")
-    try:
-        state = serialization.msgpack_restore(raw)
-    except Exception as e:
-        raise ValueError(f"T5X checkpoint {path}: corrupt msgpack 'checkpoint' file: {e}") from e
-    if not isinstance(state, dict) or "target" not in state.get("optimizer", {}):
-        raise ValueError(f"T5X checkpoint {path}: msgpack has no optimizer/target parameters")
+    leaves, version = t5x.read_target_leaves(path)
     flat = {}
-    for name, leaf in t5x._flatten(state["optimizer"]["target"]).items():
+    for name, leaf in leaves.items():
         if not t5x._is_ts_spec(leaf):
             flat[name] = np.asarray(leaf)
             continue
@@ -53,7 +44,7 @@ def open_t5x(path: str) -> tuple[dict[str, Any], int]:
             ).result()
         except Exception as e:
             raise ValueError(f"T5X checkpoint {path}: cannot open parameter {name!r}: {e}") from e
-    return flat, int(state.get("version", 0))
+    return flat, version
 
 
 def read_slice(source: Any, index: Index, version: int) -> np.ndarray:

@@ -82,8 +82,9 @@ def _read_ts_param(directory: str, name: str, spec: dict[str, Any], version: int
     return array
 
 
-def read_t5x_params(path: str) -> dict[str, np.ndarray]:
-    """Flat {"encoder/layers_0/attention/query/kernel": array} of a T5X checkpoint's `target`."""
+def read_target_leaves(path: str) -> tuple[dict[str, Any], int]:
+    """The T5X msgpack's flat optimizer/target leaves (inline arrays or TensorStore specs), and the
+    checkpoint format version. Reads no parameter data stored in TensorStore."""
     raw = _read_bytes(path, "checkpoint")
     if raw is None:
         raise FileNotFoundError(f"{path}: no T5X 'checkpoint' msgpack file")
@@ -93,11 +94,16 @@ def read_t5x_params(path: str) -> dict[str, np.ndarray]:
         raise ValueError(f"T5X checkpoint {path}: corrupt msgpack 'checkpoint' file: {e}") from e
     if not isinstance(state, dict) or "target" not in state.get("optimizer", {}):
         raise ValueError(f"T5X checkpoint {path}: msgpack has no optimizer/target parameters")
-    version = int(state.get("version", 0))
-    flat = {}
-    for name, leaf in _flatten(state["optimizer"]["target"]).items():
-        flat[name] = _read_ts_param(path, name, leaf, version) if _is_ts_spec(leaf) else leaf
-    return flat
+    return _flatten(state["optimizer"]["target"]), int(state.get("version", 0))
+
+
+def read_t5x_params(path: str) -> dict[str, np.ndarray]:
+    """Flat {"encoder/layers_0/attention/query/kernel": array} of a T5X checkpoint's `target`."""
+    leaves, version = read_target_leaves(path)
+    return {
+        name: _read_ts_param(path, name, leaf, version) if _is_ts_spec(leaf) else leaf
+        for name, leaf in leaves.items()
+    }
 
 
 def read_orbax_params(path: str) -> dict[str, np.ndarray]:
