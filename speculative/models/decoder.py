@@ -203,7 +203,9 @@ class DecoderStack(nn.Module):
             )
         x = RMSNorm(cfg.norm_eps, dtype, name="decoder_norm")(x).astype(jnp.float32)
         if cfg.tie_word_embeddings:
-            logits = embedder.attend(x)
+            # An einsum contracting the table's last axis: Flax's attend (x @ table.T) made XLA:CPU
+            # copy the transposed [E, V] table on every draft step inside the nested decode loop.
+            logits = jnp.einsum("...e,ve->...v", x, embedder.embedding)
         else:
             logits = LogitsDense(cfg.vocab_size, name="logits_dense")(x)
         return logits.astype(jnp.float32), new_cache
