@@ -4,13 +4,17 @@
         --gin_file=configs/demo/qwen_coder_benchmark.gin --gin.OUTPUT_DIR="'benchmarks/qwen'"
 
 For every batch size B (skipped, and recorded as such, when its estimated memory does not fit or
-the run fails for lack of memory), temperature T and gamma:
+the run fails for lack of memory) and temperature T (with the configured top-k / top-p):
   - the inputs are cut into ceil(N / B) batches (cycling the N inputs to fill the last one), all
-    padded to one width, so each decoder compiles once per (B, T, gamma);
-  - compile time is measured apart (ahead-of-time compilation), then one warm-up run (not timed),
-    then every batch is timed `repeats` times; a batch's time is its median; tokens/s is total
-    tokens over the sum of medians. Plain and speculative use the same rng per batch;
-  - c = draft step / target step, both timed single-token steps at batch B.
+    padded to one width; plain decoding and each gamma compile once (ahead of time, timed apart);
+  - after one warm-up run each, batch j is run by plain decoding and then by every gamma before
+    batch j+1 (interleaved, so drifting machine load hits all of them alike), `repeats` times;
+    a batch's time is its median; tokens/s is total tokens over the sum of medians. Decoding stops
+    at the vocabulary's stop ids (EOS and end-of-text tokens) or the target length. Plain and
+    speculative use the same rng per batch;
+  - c = draft step / target step, both timed single-token steps at batch B;
+  - the target's weight bytes over the measured memory read bandwidth give the weight-streaming
+    floor of one plain step, printed beside the measured plain time per step.
 Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from the measured alpha
 (pooled over the gammas of a (B, T) cell) and c; the optimal gamma maximises that prediction.
 Writes OUTPUT_DIR/benchmark.json, speedup_vs_gamma.png, speedup_vs_batch.png and
@@ -86,31 +90,45 @@ def available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def time_decoder(
-    compile_fn: Callable[[dict, jax.Array], tuple[Callable[[], decoding.DecodeOutput], float]],
+def interleaved_timings(
+    programs: Mapping[Any, Callable[..., decoding.DecodeOutput]],
     batches: Sequence[dict],
-    seed: int,
+    rngs: Sequence[jax.Array],
     repeats: int,
-) -> dict[str, Any]:
-    """Compiles, warms up, and times a decoder over batches (see the module docstring).
+) -> dict[Any, dict[str, Any]]:
+    """Times every compiled program on every batch, all programs on batch j before batch j+1.
 
-    Returns {seconds (sum of per-batch medians), tokens, compile_s, outputs (last run per batch)}.
+    Interleaving puts the plain baseline and each gamma under the same machine conditions (a
+    drift in load or clock affects all of them alike). One warm-up run per program is not timed.
+    Returns per program {seconds (sum of per-batch medians), batch_seconds, tokens, outputs}.
     """
-    compile_s, seconds, tokens, outputs = 0.0, 0.0, 0, []
-    for j, batch in enumerate(batches):
-        run, c = compile_fn(batch, jax.random.fold_in(jax.random.PRNGKey(seed), j))
-        compile_s += c
-        if j == 0:
-            timing.block(run())  # warm-up, not timed
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = timing.block(run())
-            times.append(time.perf_counter() - start)
-        seconds += statistics.median(times)
-        tokens += int(np.sum(out.lengths))
-        outputs.append(out)
-    return {"seconds": seconds, "tokens": tokens, "compile_s": compile_s, "outputs": outputs}
+    for run in programs.values():
+        timing.block(run(batches[0], rngs[0]))
+    result = {
+        name: {"seconds": 0.0, "batch_seconds": [], "tokens": 0, "outputs": []} for name in programs
+    }
+    for j, (batch, rng) in enumerate(zip(batches, rngs)):
+        for name, run in programs.items():
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                out = timing.block(run(batch, rng))
+                times.append(time.perf_counter() - start)
+            r = result[name]
+            r["seconds"] += statistics.median(times)
+            r["batch_seconds"].append(statistics.median(times))
+            r["tokens"] += int(np.sum(out.lengths))
+            r["outputs"].append(out)
+        print(
+            f"    batch {j + 1}/{len(batches)}: "
+            + ", ".join(f"{_label(n)} {result[n]['batch_seconds'][-1]:.1f}s" for n in programs),
+            flush=True,
+        )
+    return result
+
+
+def _label(name: Any) -> str:
+    return name if isinstance(name, str) else f"gamma {name}"
 
 
 def _stats(outputs: Sequence[decoding.DecodeOutput]) -> dict[str, Any]:
@@ -124,37 +142,41 @@ def sweep_cell(
     batches: Sequence[dict],
     cfg: BenchmarkConfig,
     sampling: SamplingConfig,
-    eos_id: int,
+    stop_ids: Sequence[int],
     c: float,
 ) -> list[dict[str, Any]]:
-    """All gammas at one (batch size, temperature): one plain baseline, one point per gamma."""
-    common = dict(max_decode_len=cfg.feature_lengths["targets"], sampling=sampling, eos_id=eos_id)
-    plain = time_decoder(
-        lambda b, rng: decoding.compile_autoregressive(
-            target.model, target.params, b, rng=rng, **common
-        ),
-        batches,
-        cfg.seed,
-        cfg.repeats,
+    """All gammas at one (batch size, sampling): one plain baseline, one point per gamma.
+
+    Each program is compiled once (ahead of time, timed apart) and rerun on every batch; batch j
+    uses the same rng for plain and speculative decoding.
+    """
+    common = dict(max_decode_len=cfg.feature_lengths["targets"], sampling=sampling, eos_id=stop_ids)
+    rngs = [jax.random.fold_in(jax.random.PRNGKey(cfg.seed), j) for j in range(len(batches))]
+    programs, compile_s = {}, {}
+    programs["plain"], compile_s["plain"] = decoding.compile_autoregressive(
+        target.model, target.params, batches[0], rng=rngs[0], **common
     )
+    for gamma in cfg.gammas:
+        programs[gamma], compile_s[gamma] = decoding.compile_speculative(
+            target.model,
+            target.params,
+            draft.model,
+            draft.params,
+            batches[0],
+            gamma=gamma,
+            rng=rngs[0],
+            **common,
+        )
+    print(
+        "  compiled: " + ", ".join(f"{_label(n)} {s:.1f}s" for n, s in compile_s.items()),
+        flush=True,
+    )
+    timed = interleaved_timings(programs, batches, rngs, cfg.repeats)
+    plain = timed["plain"]
     plain_tok_s = plain["tokens"] / plain["seconds"]
     points = []
     for gamma in cfg.gammas:
-        spec = time_decoder(
-            lambda b, rng, g=gamma: decoding.compile_speculative(
-                target.model,
-                target.params,
-                draft.model,
-                draft.params,
-                b,
-                gamma=g,
-                rng=rng,
-                **common,
-            ),
-            batches,
-            cfg.seed,
-            cfg.repeats,
-        )
+        spec = timed[gamma]
         summary = _stats(spec["outputs"])
         same = None
         if sampling.greedy:
@@ -171,12 +193,14 @@ def sweep_cell(
                 "acceptance_by_position": summary["acceptance_by_position"],
                 "plain_tokens": plain["tokens"],
                 "plain_s": plain["seconds"],
+                "plain_batch_s": plain["batch_seconds"],
                 "plain_tok_s": plain_tok_s,
-                "plain_compile_s": plain["compile_s"],
+                "plain_compile_s": compile_s["plain"],
                 "speculative_tokens": spec["tokens"],
                 "speculative_s": spec["seconds"],
+                "speculative_batch_s": spec["batch_seconds"],
                 "speculative_tok_s": spec_tok_s,
-                "speculative_compile_s": spec["compile_s"],
+                "speculative_compile_s": compile_s[gamma],
                 "speedup": spec_tok_s / plain_tok_s,
                 "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
                 "greedy_identical_to_plain": same,
@@ -185,7 +209,7 @@ def sweep_cell(
         print(
             f"  gamma {gamma}: alpha {summary['alpha']:.3f} tau {summary['tau']:.2f} "
             f"speedup {points[-1]['speedup']:.2f}x (Thm 3.8 {points[-1]['predicted_speedup']:.2f}x), "
-            f"plain {plain_tok_s:.1f} tok/s, speculative {spec_tok_s:.1f} tok/s",
+            f"plain {plain_tok_s:.2f} tok/s, speculative {spec_tok_s:.2f} tok/s",
             flush=True,
         )
     return points
@@ -229,6 +253,13 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
                 param_dtype=jax.tree_util.tree_leaves(target.params)[0].dtype,
             )
         )
+    stop_ids = vocab.stop_ids(vocabulary)
+    weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
+    bandwidth = timing.read_bandwidth()
+    print(
+        f"target weights {weight_bytes / 1e9:.2f} GB, measured read bandwidth {bandwidth / 1e9:.1f} GB/s "
+        f"-> weight-streaming floor {1e3 * weight_bytes / bandwidth:.0f} ms per plain step"
+    )
     result: dict[str, Any] = {
         "target": target.description,
         "draft": draft.description,
@@ -237,6 +268,10 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "feature_lengths": dict(cfg.feature_lengths),
         "padded_input_width": width,
         "repeats": cfg.repeats,
+        "stop_ids": list(stop_ids),
+        "target_weight_bytes": weight_bytes,
+        "read_bandwidth_bytes_s": bandwidth,
+        "stream_floor_s_per_step": weight_bytes / bandwidth,
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
         "cells": [],
@@ -254,16 +289,19 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
             timing_c = infer.measure_c(target, draft, batches[0], cache_len)
             for T in cfg.temperatures:
                 sampling = SamplingConfig(float(T), cfg.top_k, cfg.top_p)
-                print(f"batch {B}, temperature {T}, c {timing_c['c']:.3f}:", flush=True)
-                points = sweep_cell(
-                    target, draft, batches, cfg, sampling, vocabulary.eos_id, timing_c["c"]
-                )
+                print(f"batch {B}, {sampling}, c {timing_c['c']:.3f}:", flush=True)
+                points = sweep_cell(target, draft, batches, cfg, sampling, stop_ids, timing_c["c"])
                 alpha = pooled_alpha(points)
+                plain = points[0]
                 result["cells"].append(
                     {
                         "batch_size": B,
                         "temperature": float(T),
+                        "top_k": cfg.top_k,
+                        "top_p": cfg.top_p,
                         **timing_c,
+                        # Prefill included, so at batch 1 an upper bound on one plain step.
+                        "plain_s_per_token": plain["plain_s"] / plain["plain_tokens"],
                         "alpha": alpha,
                         "optimal_gamma": metrics.optimal_gamma(alpha, timing_c["c"]),
                         "points": points,
@@ -296,7 +334,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "batch": cell["batch_size"],
-                    "T": cell["temperature"],
+                    "T": _sampling_label(cell),
                     "gamma": p["gamma"],
                     "alpha": p["alpha"],
                     "tau": p["tau"],
@@ -310,11 +348,21 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _sampling_label(cell: Mapping[str, Any]) -> str:
+    """ "0" (greedy), "1", or "1, top-p 0.95" / "1, top-k 40" when those filters were on."""
+    label = f"{cell['temperature']:g}"
+    if cell["temperature"] > 0 and cell.get("top_k", 0):
+        label += f", top-k {cell['top_k']}"
+    if cell["temperature"] > 0 and cell.get("top_p", 1.0) < 1.0:
+        label += f", top-p {cell['top_p']:g}"
+    return label
+
+
 def markdown_table(result: Mapping[str, Any]) -> str:
     head = "| batch | T | γ | α | τ | c | speedup | Thm 3.8 | plain tok/s | spec tok/s |\n"
     head += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     lines = [
-        f"| {r['batch']} | {r['T']:g} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
+        f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
         f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
         for r in table_rows(result)
     ]
@@ -326,9 +374,16 @@ def print_table(result: Mapping[str, Any]) -> None:
     print(markdown_table(result))
     for cell in result["cells"]:
         print(
-            f"batch {cell['batch_size']}, T {cell['temperature']:g}: alpha {cell['alpha']:.3f}, "
+            f"batch {cell['batch_size']}, T {_sampling_label(cell)}: alpha {cell['alpha']:.3f}, "
             f"c {cell['c']:.3f} -> optimal gamma (Thm 3.8) {cell['optimal_gamma']}"
         )
+    floor = result.get("stream_floor_s_per_step")
+    for cell in result["cells"]:
+        if cell["batch_size"] == 1 and floor:
+            print(
+                f"batch 1, T {_sampling_label(cell)}: plain {1e3 * cell['plain_s_per_token']:.0f} ms "
+                f"per token (prefill included) vs weight-streaming floor {1e3 * floor:.0f} ms"
+            )
     for s in result["skipped"]:
         print(f"batch {s['batch_size']} skipped: {s['reason']}")
 

@@ -311,7 +311,7 @@ def run(cfg: InferConfig) -> dict[str, Any]:
         common = dict(
             max_decode_len=cfg.feature_lengths["targets"],
             sampling=cfg.sampling,
-            eos_id=vocabulary.eos_id,
+            eos_id=vocab.stop_ids(vocabulary),
             rng=jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k),
         )
         start = time.perf_counter()

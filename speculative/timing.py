@@ -73,3 +73,16 @@ def decode_step_time(
         return state, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
 
     return step_time(step, params, (state, token), steps=8, repeats=repeats)
+
+
+def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second XLA reads from memory: a float32 sum over a `num_bytes` array.
+
+    A batch-1 decode step must read every weight once, so weight bytes / this is its floor.
+    """
+    import jax.numpy as jnp
+
+    data = jnp.ones((num_bytes // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    _, median, _ = time_call(lambda: total(data), repeats)
+    return num_bytes / median

@@ -23,6 +23,12 @@ class Vocabulary(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+def stop_ids(vocabulary: Vocabulary) -> tuple[int, ...]:
+    """Ids that end a completion: the vocabulary's own `stop_ids` (EOS plus end-of-text control
+    tokens, e.g. Qwen's <|endoftext|> beside its chat EOS <|im_end|>) where it has them, else EOS."""
+    return tuple(getattr(vocabulary, "stop_ids", (vocabulary.eos_id,)))
+
+
 def check_compatible(
     draft: Vocabulary,
     target: Vocabulary,
