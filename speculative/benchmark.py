@@ -5,13 +5,16 @@
 
 For every batch size B (skipped, and recorded as such, when its estimated memory does not fit or
 the run fails for lack of memory) and temperature T (with the configured top-k / top-p):
-  - the inputs are cut into ceil(N / B) batches (cycling the N inputs to fill the last one), all
-    padded to one width; plain decoding and each gamma compile once (ahead of time, timed apart);
+  - the inputs are cut into ceil(N / B) batches (cycling the N inputs to fill the last one), each
+    padded to its own power-of-two width; plain decoding and each gamma compile once per width
+    (ahead of time, timed apart);
   - after one warm-up run each, batch j is run by plain decoding and then by every gamma before
     batch j+1 (interleaved, so drifting machine load hits all of them alike), `repeats` times;
     a batch's time is its median; tokens/s is total tokens over the sum of medians. Decoding stops
     at the vocabulary's stop ids (EOS and end-of-text tokens) or the target length. Plain and
     speculative use the same rng per batch;
+  - both prefills are timed alone on every batch too: "decode speedup" subtracts them (the
+    draft's prefill is charged to speculative decoding) and compares the decode loops alone;
   - c = draft step / target step, both timed single-token steps at batch B;
   - the target's weight bytes over the measured memory read bandwidth give the weight-streaming
     floor of one plain step, printed beside the measured plain time per step.
@@ -90,25 +93,38 @@ def available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+Compiler = Callable[[dict, jax.Array], tuple[Callable[..., Any], float]]
+
+
 def interleaved_timings(
-    programs: Mapping[Any, Callable[..., decoding.DecodeOutput]],
+    compilers: Mapping[Any, Compiler],
     batches: Sequence[dict],
     rngs: Sequence[jax.Array],
     repeats: int,
 ) -> dict[Any, dict[str, Any]]:
-    """Times every compiled program on every batch, all programs on batch j before batch j+1.
+    """Times every program on every batch, all programs on batch j before batch j+1.
 
+    compilers: name -> compile(batch, rng) -> (run(batch, rng), compile seconds). A program is
+    compiled once per batch shape (prompt width), on first use, and warmed up once (not timed).
     Interleaving puts the plain baseline and each gamma under the same machine conditions (a
-    drift in load or clock affects all of them alike). One warm-up run per program is not timed.
-    Returns per program {seconds (sum of per-batch medians), batch_seconds, tokens, outputs}.
+    drift in load or clock affects all of them alike).
+    Returns per program {seconds (sum of per-batch medians), batch_seconds, compile_s, tokens,
+    outputs}; tokens and outputs only for programs that return a DecodeOutput.
     """
-    for run in programs.values():
-        timing.block(run(batches[0], rngs[0]))
     result = {
-        name: {"seconds": 0.0, "batch_seconds": [], "tokens": 0, "outputs": []} for name in programs
+        name: {"seconds": 0.0, "batch_seconds": [], "compile_s": 0.0, "tokens": 0, "outputs": []}
+        for name in compilers
     }
+    compiled: dict[tuple[Any, tuple[int, ...]], Callable[..., Any]] = {}
     for j, (batch, rng) in enumerate(zip(batches, rngs)):
-        for name, run in programs.items():
+        shape = tuple(next(iter(batch.values())).shape)
+        for name, compile_fn in compilers.items():
+            if (name, shape) not in compiled:
+                run, seconds = compile_fn(batch, rng)
+                result[name]["compile_s"] += seconds
+                timing.block(run(batch, rng))  # warm-up, not timed
+                compiled[name, shape] = run
+            run = compiled[name, shape]
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -117,14 +133,29 @@ def interleaved_timings(
             r = result[name]
             r["seconds"] += statistics.median(times)
             r["batch_seconds"].append(statistics.median(times))
-            r["tokens"] += int(np.sum(out.lengths))
-            r["outputs"].append(out)
+            if isinstance(out, decoding.DecodeOutput):
+                r["tokens"] += int(np.sum(out.lengths))
+                r["outputs"].append(out)
         print(
-            f"    batch {j + 1}/{len(batches)}: "
-            + ", ".join(f"{_label(n)} {result[n]['batch_seconds'][-1]:.1f}s" for n in programs),
+            f"    batch {j + 1}/{len(batches)} {shape}: "
+            + ", ".join(f"{_label(n)} {result[n]['batch_seconds'][-1]:.1f}s" for n in compilers),
             flush=True,
         )
     return result
+
+
+def prefill_compiler(model: Any, params: Any, max_decode_len: int, block: int) -> Compiler:
+    """compile(batch, rng) for the prefill alone: what every decode of `batch` pays first."""
+
+    def compile_fn(batch, rng):
+        cache_len = decoding._cache_len(model, batch, max_decode_len, block)
+        fn = jax.jit(lambda p, b: decoding._prefill(model, p, b, cache_len), donate_argnums=())
+        start = time.perf_counter()
+        executable = fn.lower(params, batch).compile()
+        seconds = time.perf_counter() - start
+        return (lambda b, _rng: executable(params, b)), seconds
+
+    return compile_fn
 
 
 def _label(name: Any) -> str:
@@ -147,33 +178,47 @@ def sweep_cell(
 ) -> list[dict[str, Any]]:
     """All gammas at one (batch size, sampling): one plain baseline, one point per gamma.
 
-    Each program is compiled once (ahead of time, timed apart) and rerun on every batch; batch j
-    uses the same rng for plain and speculative decoding.
+    Each program is compiled once per prompt width (ahead of time, timed apart) and rerun on every
+    batch of that width; batch j uses the same rng for plain and speculative decoding. The two
+    prefills are timed alone too, so that decode-only speedups can be reported beside end-to-end.
     """
-    common = dict(max_decode_len=cfg.feature_lengths["targets"], sampling=sampling, eos_id=stop_ids)
+    max_len = cfg.feature_lengths["targets"]
+    common = dict(max_decode_len=max_len, sampling=sampling, eos_id=stop_ids)
     rngs = [jax.random.fold_in(jax.random.PRNGKey(cfg.seed), j) for j in range(len(batches))]
-    programs, compile_s = {}, {}
-    programs["plain"], compile_s["plain"] = decoding.compile_autoregressive(
-        target.model, target.params, batches[0], rng=rngs[0], **common
-    )
-    for gamma in cfg.gammas:
-        programs[gamma], compile_s[gamma] = decoding.compile_speculative(
-            target.model,
-            target.params,
-            draft.model,
-            draft.params,
-            batches[0],
-            gamma=gamma,
-            rng=rngs[0],
-            **common,
-        )
+
+    def spec_compiler(gamma):
+        def compile_fn(batch, rng):
+            return decoding.compile_speculative(
+                target.model,
+                target.params,
+                draft.model,
+                draft.params,
+                batch,
+                gamma=gamma,
+                rng=rng,
+                **common,
+            )
+
+        return compile_fn
+
+    compilers: dict[Any, Compiler] = {
+        "target prefill": prefill_compiler(target.model, target.params, max_len, 1),
+        "draft prefill": prefill_compiler(draft.model, draft.params, max_len, 1),
+        "plain": lambda batch, rng: decoding.compile_autoregressive(
+            target.model, target.params, batch, rng=rng, **common
+        ),
+        **{gamma: spec_compiler(gamma) for gamma in cfg.gammas},
+    }
+    timed = interleaved_timings(compilers, batches, rngs, cfg.repeats)
     print(
-        "  compiled: " + ", ".join(f"{_label(n)} {s:.1f}s" for n, s in compile_s.items()),
+        "  compile: " + ", ".join(f"{_label(n)} {r['compile_s']:.1f}s" for n, r in timed.items()),
         flush=True,
     )
-    timed = interleaved_timings(programs, batches, rngs, cfg.repeats)
     plain = timed["plain"]
+    target_prefill_s = timed["target prefill"]["seconds"]
+    draft_prefill_s = timed["draft prefill"]["seconds"]
     plain_tok_s = plain["tokens"] / plain["seconds"]
+    plain_decode_s = plain["seconds"] - target_prefill_s
     points = []
     for gamma in cfg.gammas:
         spec = timed[gamma]
@@ -185,6 +230,7 @@ def sweep_cell(
                 for p, s in zip(plain["outputs"], spec["outputs"])
             )
         spec_tok_s = spec["tokens"] / spec["seconds"]
+        spec_decode_s = spec["seconds"] - target_prefill_s - draft_prefill_s
         points.append(
             {
                 "gamma": gamma,
@@ -195,20 +241,26 @@ def sweep_cell(
                 "plain_s": plain["seconds"],
                 "plain_batch_s": plain["batch_seconds"],
                 "plain_tok_s": plain_tok_s,
-                "plain_compile_s": compile_s["plain"],
+                "plain_compile_s": plain["compile_s"],
+                "target_prefill_s": target_prefill_s,
+                "draft_prefill_s": draft_prefill_s,
                 "speculative_tokens": spec["tokens"],
                 "speculative_s": spec["seconds"],
                 "speculative_batch_s": spec["batch_seconds"],
                 "speculative_tok_s": spec_tok_s,
-                "speculative_compile_s": compile_s[gamma],
+                "speculative_compile_s": spec["compile_s"],
                 "speedup": spec_tok_s / plain_tok_s,
+                # Prefills subtracted (the draft's too): the decode loops alone, as Thm 3.8 models.
+                "decode_speedup": (plain_decode_s / plain["tokens"])
+                / (spec_decode_s / spec["tokens"]),
                 "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
                 "greedy_identical_to_plain": same,
             }
         )
         print(
             f"  gamma {gamma}: alpha {summary['alpha']:.3f} tau {summary['tau']:.2f} "
-            f"speedup {points[-1]['speedup']:.2f}x (Thm 3.8 {points[-1]['predicted_speedup']:.2f}x), "
+            f"speedup {points[-1]['speedup']:.2f}x (decode only {points[-1]['decode_speedup']:.2f}x, "
+            f"Thm 3.8 {points[-1]['predicted_speedup']:.2f}x), "
             f"plain {plain_tok_s:.2f} tok/s, speculative {spec_tok_s:.2f} tok/s",
             flush=True,
         )
@@ -284,7 +336,13 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
             print(f"batch {B}: skipped ({reason})")
             result["skipped"].append({"batch_size": B, "reason": reason})
             continue
-        batches = [infer.make_batch(b, width, encdec) for b in cycled_batches(ids, B)]
+        # Each batch padded to its own bucket (as the infer job does): padding every prompt to the
+        # longest would bill short prompts for a long prefill.
+        cap = cfg.feature_lengths["inputs"]
+        batches = [
+            infer.make_batch(b, infer.bucket(max(len(x) for x in b), cap), encdec)
+            for b in cycled_batches(ids, B)
+        ]
         try:
             timing_c = infer.measure_c(target, draft, batches[0], cache_len)
             for T in cfg.temperatures:
@@ -340,6 +398,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "tau": p["tau"],
                     "c": cell["c"],
                     "speedup": p["speedup"],
+                    "decode_speedup": p.get("decode_speedup", float("nan")),
                     "predicted": p["predicted_speedup"],
                     "plain_tok_s": p["plain_tok_s"],
                     "spec_tok_s": p["speculative_tok_s"],
@@ -359,11 +418,11 @@ def _sampling_label(cell: Mapping[str, Any]) -> str:
 
 
 def markdown_table(result: Mapping[str, Any]) -> str:
-    head = "| batch | T | γ | α | τ | c | speedup | Thm 3.8 | plain tok/s | spec tok/s |\n"
-    head += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | plain tok/s | spec tok/s |\n"
+    head += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     lines = [
         f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
-        f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
+        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
         for r in table_rows(result)
     ]
     return head + "\n".join(lines)
