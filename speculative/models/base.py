@@ -115,6 +115,23 @@ class ConfiguredModel:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
+    def extend(
+        self, params: Params, state: DecodeState, tokens: jax.Array
+    ) -> tuple[jax.Array, DecodeState]:
+        """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32."""
+        length = tokens.shape[1]
+        if length > state.max_len:
+            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
+        positions = query_positions(state.index, length)
+        logits, cache = self.apply_decoder(params, state, tokens, positions)
+        return logits, state.replace(cache=cache, index=state.index + length)
+
+    def apply_decoder(
+        self, params: Params, state: DecodeState, tokens: jax.Array, positions: jax.Array
+    ) -> tuple[jax.Array, Any]:
+        """One decoder pass: tokens and absolute positions [B, L] -> (logits [B, L, V], cache)."""
+        raise NotImplementedError
+
 
 def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:
     """Writes update[b] into buffer[b] starting at index[b] along axis 1.

@@ -271,15 +271,5 @@ class DecoderLM(base.ConfiguredModel):
         )
         return DecodeState(cache=cache, index=jnp.zeros((prompt.shape[0],), jnp.int32))
 
-    def extend(
-        self, params: base.Params, state: DecodeState, tokens: jax.Array
-    ) -> tuple[jax.Array, DecodeState]:
-        """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32."""
-        length = tokens.shape[1]
-        if length > state.max_len:
-            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
-        positions = base.query_positions(state.index, length)
-        logits, cache = self.module.apply(
-            {"params": params}, tokens, positions, state.cache, state.index
-        )
-        return logits, state.replace(cache=cache, index=state.index + length)
+    def apply_decoder(self, params, state, tokens, positions):
+        return self.module.apply({"params": params}, tokens, positions, state.cache, state.index)

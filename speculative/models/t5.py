@@ -469,15 +469,8 @@ class T5(base.ConfiguredModel):
         index = jnp.zeros((tokens.shape[0],), jnp.int32)
         return DecodeState(cache=cache, index=index, extras=extras)
 
-    def extend(
-        self, params: base.Params, state: DecodeState, tokens: jax.Array
-    ) -> tuple[jax.Array, DecodeState]:
-        """Appends decoder tokens [B, L] at each row's index; returns logits [B, L, V] float32."""
-        length = tokens.shape[1]
-        if length > state.max_len:
-            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
-        positions = base.query_positions(state.index, length)
-        logits, cache = self.module.apply(
+    def apply_decoder(self, params, state, tokens, positions):
+        return self.module.apply(
             {"params": params},
             tokens,
             positions,
@@ -486,4 +479,3 @@ class T5(base.ConfiguredModel):
             state.index,
             method=T5Module.decode,
         )
-        return logits, state.replace(cache=cache, index=state.index + length)
