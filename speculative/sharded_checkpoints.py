@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import tensorstore as ts
 
 from speculative.checkpoints import t5x, validation
 from speculative.models import t5
@@ -34,16 +33,10 @@ def open_t5x(path: str) -> tuple[dict[str, Any], int]:
     leaves, version = t5x.read_target_leaves(path)
     flat = {}
     for name, leaf in leaves.items():
-        if not t5x._is_ts_spec(leaf):
+        if t5x.is_ts_spec(leaf):
+            flat[name] = t5x.open_param(path, name, leaf)
+        else:
             flat[name] = np.asarray(leaf)
-            continue
-        url = t5x._directory_url(path) + t5x._relative_path(leaf).strip("/") + "/"
-        try:
-            flat[name] = ts.open(
-                {"driver": leaf.get("driver", "zarr"), "kvstore": url}, open=True
-            ).result()
-        except Exception as e:
-            raise ValueError(f"T5X checkpoint {path}: cannot open parameter {name!r}: {e}") from e
     return flat, version
 
 

@@ -45,13 +45,14 @@ def _read_bytes(directory: str, key: str) -> bytes | None:
     return None if result.state == "missing" else bytes(result.value)
 
 
-def _is_ts_spec(node: Any) -> bool:
+def is_ts_spec(node: Any) -> bool:
+    """Whether a msgpack leaf is a TensorStore spec (the array is stored beside the msgpack)."""
     return isinstance(node, dict) and "driver" in node and ("kvstore" in node or "path" in node)
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dict -> {"a/b": leaf}, treating TensorStore spec dicts as leaves."""
-    if isinstance(node, dict) and not _is_ts_spec(node):
+    if isinstance(node, dict) and not is_ts_spec(node):
         flat = {}
         for key, child in node.items():
             flat.update(_flatten(child, f"{prefix}/{key}" if prefix else str(key)))
@@ -68,15 +69,23 @@ def _relative_path(spec: dict[str, Any]) -> str:
     raise ValueError(f"TensorStore spec without a path: {spec}")
 
 
-def _read_ts_param(directory: str, name: str, spec: dict[str, Any], version: int) -> np.ndarray:
+def open_param(directory: str, name: str, spec: dict[str, Any]) -> Any:
+    """Opens one TensorStore-stored parameter of a T5X checkpoint (reads only its metadata)."""
     url = _directory_url(directory) + _relative_path(spec).strip("/") + "/"
     try:
-        store = ts.open({"driver": spec.get("driver", "zarr"), "kvstore": url}, open=True).result()
-        array = np.asarray(store.read().result())
+        return ts.open({"driver": spec.get("driver", "zarr"), "kvstore": url}, open=True).result()
     except Exception as e:  # tensorstore raises ValueError / RuntimeError variants
         raise ValueError(
-            f"T5X checkpoint {directory}: cannot read parameter {name!r} from {url}: {e}"
+            f"T5X checkpoint {directory}: cannot open parameter {name!r} from {url}: {e}"
         ) from e
+
+
+def _read_ts_param(directory: str, name: str, spec: dict[str, Any], version: int) -> np.ndarray:
+    store = open_param(directory, name, spec)
+    try:
+        array = np.asarray(store.read().result())
+    except Exception as e:
+        raise ValueError(f"T5X checkpoint {directory}: cannot read parameter {name!r}: {e}") from e
     if version < 3 and array.dtype == np.uint16:  # pre-v3 bfloat16 storage
         array = array.view(ml_dtypes.bfloat16)
     return array
@@ -101,7 +110,7 @@ def read_t5x_params(path: str) -> dict[str, np.ndarray]:
     """Flat {"encoder/layers_0/attention/query/kernel": array} of a T5X checkpoint's `target`."""
     leaves, version = read_target_leaves(path)
     return {
-        name: _read_ts_param(path, name, leaf, version) if _is_ts_spec(leaf) else leaf
+        name: _read_ts_param(path, name, leaf, version) if is_ts_spec(leaf) else leaf
         for name, leaf in leaves.items()
     }
 
