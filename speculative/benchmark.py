@@ -15,7 +15,9 @@ the run fails for lack of memory) and temperature T (with the configured top-k /
     speculative use the same rng per batch;
   - both prefills are timed alone on every batch too: "decode speedup" subtracts them (the
     draft's prefill is charged to speculative decoding) and compares the decode loops alone;
-  - c = draft step / target step, both timed single-token steps at batch B;
+  - c = draft step / target step, both timed single-token steps at batch B; the target's extend
+    by gamma+1 tokens (one verify call) is timed too, and "cost model" is Thm 3.8's accounting
+    with that measured verify cost in place of one step: tau * step / (gamma * draft + verify);
   - the target's weight bytes over the measured memory read bandwidth give the weight-streaming
     floor of one plain step, printed beside the measured plain time per step.
 Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from the measured alpha
@@ -174,7 +176,7 @@ def sweep_cell(
     cfg: BenchmarkConfig,
     sampling: SamplingConfig,
     stop_ids: Sequence[int],
-    c: float,
+    costs: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """All gammas at one (batch size, sampling): one plain baseline, one point per gamma.
 
@@ -253,7 +255,12 @@ def sweep_cell(
                 # Prefills subtracted (the draft's too): the decode loops alone, as Thm 3.8 models.
                 "decode_speedup": (plain_decode_s / plain["tokens"])
                 / (spec_decode_s / spec["tokens"]),
-                "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
+                "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, costs["c"]),
+                # Thm 3.8's cost model with the verify call's measured cost in place of one step:
+                # tau tokens per round of gamma draft steps plus one (gamma+1)-token target call.
+                "cost_model_speedup": summary["tau"]
+                * costs["target_step_s"]
+                / (gamma * costs["draft_step_s"] + costs["target_extend_s"][gamma + 1]),
                 "greedy_identical_to_plain": same,
             }
         )
@@ -344,11 +351,22 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
             for b in cycled_batches(ids, B)
         ]
         try:
-            timing_c = infer.measure_c(target, draft, batches[0], cache_len)
+            timing_c = infer.measure_c(
+                target, draft, batches[0], cache_len, [g + 1 for g in cfg.gammas]
+            )
             for T in cfg.temperatures:
                 sampling = SamplingConfig(float(T), cfg.top_k, cfg.top_p)
-                print(f"batch {B}, {sampling}, c {timing_c['c']:.3f}:", flush=True)
-                points = sweep_cell(target, draft, batches, cfg, sampling, stop_ids, timing_c["c"])
+                extend_ms = ", ".join(
+                    f"{n}: {1e3 * t:.0f}" for n, t in timing_c["target_extend_s"].items()
+                )
+                print(
+                    f"batch {B}, {sampling}, c {timing_c['c']:.3f} (target step "
+                    f"{1e3 * timing_c['target_step_s']:.0f} ms, draft step "
+                    f"{1e3 * timing_c['draft_step_s']:.0f} ms; target extend by n tokens, ms: "
+                    f"{extend_ms}):",
+                    flush=True,
+                )
+                points = sweep_cell(target, draft, batches, cfg, sampling, stop_ids, timing_c)
                 alpha = pooled_alpha(points)
                 plain = points[0]
                 result["cells"].append(
@@ -357,6 +375,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
                         "temperature": float(T),
                         "top_k": cfg.top_k,
                         "top_p": cfg.top_p,
+                        "input_widths": [int(next(iter(b.values())).shape[1]) for b in batches],
                         **timing_c,
                         # Prefill included, so at batch 1 an upper bound on one plain step.
                         "plain_s_per_token": plain["plain_s"] / plain["plain_tokens"],
@@ -400,6 +419,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "speedup": p["speedup"],
                     "decode_speedup": p.get("decode_speedup", float("nan")),
                     "predicted": p["predicted_speedup"],
+                    "cost_model": p.get("cost_model_speedup", float("nan")),
                     "plain_tok_s": p["plain_tok_s"],
                     "spec_tok_s": p["speculative_tok_s"],
                 }
@@ -418,11 +438,13 @@ def _sampling_label(cell: Mapping[str, Any]) -> str:
 
 
 def markdown_table(result: Mapping[str, Any]) -> str:
-    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | plain tok/s | spec tok/s |\n"
-    head += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s |\n"
+    head += (
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    )
     lines = [
         f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
-        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
+        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
         for r in table_rows(result)
     ]
     return head + "\n".join(lines)

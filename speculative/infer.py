@@ -199,8 +199,18 @@ def pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure_c(target: ml.Loaded, draft: ml.Loaded, batch: dict, cache_len: int) -> dict[str, float]:
-    """Seconds of one single-token step of each model on `batch`, and c = draft / target."""
+def measure_c(
+    target: ml.Loaded,
+    draft: ml.Loaded,
+    batch: dict,
+    cache_len: int,
+    verify_lengths: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Seconds of one single-token step of each model on `batch`, and c = draft / target.
+
+    With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
+    one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
+    """
 
     def probe(model):
         if model.is_encoder_decoder:  # decode_step_time feeds batch["prompt"] to the decoder
@@ -210,7 +220,19 @@ def measure_c(target: ml.Loaded, draft: ml.Loaded, batch: dict, cache_len: int) 
 
     t_target = timing.decode_step_time(target.model, target.params, probe(target.model), cache_len)
     t_draft = timing.decode_step_time(draft.model, draft.params, probe(draft.model), cache_len)
-    return {"target_step_s": t_target, "draft_step_s": t_draft, "c": t_draft / t_target}
+    result: dict[str, Any] = {
+        "target_step_s": t_target,
+        "draft_step_s": t_draft,
+        "c": t_draft / t_target,
+    }
+    if verify_lengths:
+        result["target_extend_s"] = {
+            n: timing.decode_step_time(
+                target.model, target.params, probe(target.model), cache_len, length=n
+            )
+            for n in verify_lengths
+        }
+    return result
 
 
 def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]:

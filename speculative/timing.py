@@ -51,28 +51,30 @@ def step_time(
 
 
 def decode_step_time(
-    model: Any, params: Any, batch: dict, cache_len: int, repeats: int = 3
+    model: Any, params: Any, batch: dict, cache_len: int, repeats: int = 3, length: int = 1
 ) -> float:
-    """Median seconds of one single-token `extend` (batch from `batch["prompt"]`, cache filled).
+    """Median seconds of one `extend` by `length` tokens (batch from `batch["prompt"]`, cache
+    filled). length 1 is a plain decode step; length gamma+1 is a speculative verify call.
 
-    Rewinds the index by one each step so the cache fill, and hence the cost, stays constant.
+    Rewinds the index by `length` each step so the cache fill, and hence the cost, stays constant.
     """
     import jax.numpy as jnp
 
     @jax.jit
-    def prefill(params, prompt):
-        state = model.init_state(params, {"prompt": prompt}, cache_len)
-        return model.extend(params, state, prompt)[1]
+    def prefill(params, batch):
+        # The whole batch: an encoder-decoder's init_state reads its encoder tokens.
+        state = model.init_state(params, batch, cache_len)
+        return model.extend(params, state, batch["prompt"])[1]
 
-    state = prefill(params, batch["prompt"])
-    token = batch["prompt"][:, -1:]
+    state = prefill(params, batch)
+    tokens = jnp.tile(batch["prompt"][:, -1:], (1, length))
 
     def step(params, carry):
-        state, token = carry
-        logits, state = model.extend(params, state.replace(index=state.index - 1), token)
-        return state, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
+        state, tokens = carry
+        logits, state = model.extend(params, state.replace(index=state.index - length), tokens)
+        return state, jnp.argmax(logits, -1).astype(jnp.int32)
 
-    return step_time(step, params, (state, token), steps=8, repeats=repeats)
+    return step_time(step, params, (state, tokens), steps=8, repeats=repeats)
 
 
 def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:

@@ -1,0 +1,35 @@
+"""timing.decode_step_time and infer.measure_c on both model families (the benchmark's c and
+verify-cost probes), including an encoder-decoder, whose state needs its encoder tokens."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from speculative import infer, timing
+from speculative import model_loading as ml
+from tests.helpers import tiny_decoder
+from tests.test_t5_decoding import _encoder_batch, _target_and_draft
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_decode_step_time_decoder(length):
+    model, params = tiny_decoder(vocab=64, emb=32, layers=1, heads=4, kv_heads=2, seed=0)
+    batch = {"prompt": jnp.ones((2, 5), jnp.int32), "prompt_lengths": jnp.full((2,), 5)}
+    seconds = timing.decode_step_time(model, params, batch, cache_len=12, repeats=1, length=length)
+    assert 0 < seconds < 5
+
+
+def test_measure_c_encoder_decoder_with_verify_lengths():
+    target, target_params, draft, draft_params = _target_and_draft(vocab=40, seed=0)
+    batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
+    result = infer.measure_c(
+        ml.Loaded(target, target_params, "t5 target"),
+        ml.Loaded(draft, draft_params, "t5 draft"),
+        batch,
+        cache_len=10,
+        verify_lengths=[2, 4],
+    )
+    assert result["c"] == pytest.approx(result["draft_step_s"] / result["target_step_s"])
+    assert sorted(result["target_extend_s"]) == [2, 4]
+    assert all(t > 0 for t in result["target_extend_s"].values())
