@@ -151,7 +151,7 @@ def prefill_compiler(model: Any, params: Any, max_decode_len: int, block: int) -
 
     def compile_fn(batch, rng):
         cache_len = decoding._cache_len(model, batch, max_decode_len, block)
-        fn = jax.jit(lambda p, b: decoding._prefill(model, p, b, cache_len), donate_argnums=())
+        fn = jax.jit(lambda p, b: decoding._prefill(model, p, b, cache_len))
         start = time.perf_counter()
         executable = fn.lower(params, batch).compile()
         seconds = time.perf_counter() - start
@@ -287,13 +287,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
     target = ml.load_model(cfg.target, "target")
     draft = ml.load_model(cfg.draft, "draft")
-    if cfg.draft_vocabulary is not None:
-        try:
-            vocab.check_compatible(
-                ml.load_vocabulary(cfg.draft_vocabulary, "draft vocabulary"), vocabulary
-            )
-        except ValueError as e:
-            raise JobError(str(e)) from e
+    ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     encdec = target.model.is_encoder_decoder
     ids = infer.tokenize(examples, vocabulary, encdec, cfg.feature_lengths["inputs"])
     width = infer.bucket(max(len(x) for x in ids), cfg.feature_lengths["inputs"])

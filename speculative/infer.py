@@ -282,13 +282,7 @@ def run(cfg: InferConfig) -> dict[str, Any]:
         target = ml.load_model(cfg.target, "target")
         if cfg.speculative:
             draft = ml.load_model(cfg.draft, "draft")
-            if cfg.draft_vocabulary is not None:
-                try:
-                    vocab.check_compatible(
-                        ml.load_vocabulary(cfg.draft_vocabulary, "draft vocabulary"), vocabulary
-                    )
-                except ValueError as e:
-                    raise JobError(str(e)) from e
+            ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     encoder_decoder = bool(target and target.model.is_encoder_decoder)
     ids = (
         tokenize(examples, vocabulary, encoder_decoder, cfg.feature_lengths["inputs"])

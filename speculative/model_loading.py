@@ -191,3 +191,13 @@ def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabula
     if spec.kind == "sentencepiece":
         return vocab.SentencePieceVocabulary(_local_copy(spec.path), extra_ids=spec.extra_ids)
     return vocab.from_gguf(_gguf_path(role, spec.path))
+
+
+def check_draft_vocabulary(spec: VocabSpec | None, target_vocabulary: vocab.Vocabulary) -> None:
+    """Refuses a draft whose configured vocabulary differs from the target's (no-op when None)."""
+    if spec is None:
+        return
+    try:
+        vocab.check_compatible(load_vocabulary(spec, "draft vocabulary"), target_vocabulary)
+    except ValueError as e:
+        raise JobError(str(e)) from e
