@@ -259,3 +259,16 @@ def test_gin_flag_rewriting_repeatable_files_and_search_paths(tmp_path):
     cfg = infer.InferConfig()
     assert (cfg.gamma, cfg.batch_size, cfg.output_dir) == (6, 2, "/tmp/x")  # later wins
     assert cfg.target.model.config.num_layers == 2 and cfg.draft.model.config.num_layers == 1
+
+
+def test_draft_vocabulary_differing_from_target_is_refused(tmp_path):
+    inputs = _write_jsonl(tmp_path / "in.jsonl", PROMPTS[:2])
+    flags = _flags(
+        inputs,
+        tmp_path / "out",
+        "--gin.DRAFT_VOCABULARY=@draft/speculative.VocabSpec()",
+        "--gin.draft/speculative.VocabSpec.kind='byte'",
+        "--gin.draft/speculative.VocabSpec.extra_ids=5",
+    )
+    with pytest.raises(JobError, match="vocabularies differ"):
+        infer.main(flags)
