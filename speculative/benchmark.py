@@ -42,7 +42,7 @@ import gin
 import jax
 import numpy as np
 
-from speculative import decoding, infer, memory, metrics, timing, vocab
+from speculative import decoding, infer, inputs, memory, metrics, timing, vocab
 from speculative import model_loading as ml
 from speculative.gin_flags import JobError
 from speculative.job_config import BenchmarkConfig
@@ -119,7 +119,7 @@ def interleaved_timings(
     }
     compiled: dict[tuple[Any, tuple[int, ...]], Callable[..., Any]] = {}
     for j, (batch, rng) in enumerate(zip(batches, rngs)):
-        shape = tuple(next(iter(batch.values())).shape)
+        shape = tuple(inputs.input_tokens(batch).shape)
         for name, compile_fn in compilers.items():
             if (name, shape) not in compiled:
                 run, seconds = compile_fn(batch, rng)
@@ -256,11 +256,13 @@ def sweep_cell(
                 "decode_speedup": (plain_decode_s / plain["tokens"])
                 / (spec_decode_s / spec["tokens"]),
                 "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, costs["c"]),
-                # Thm 3.8's cost model with the verify call's measured cost in place of one step:
-                # tau tokens per round of gamma draft steps plus one (gamma+1)-token target call.
-                "cost_model_speedup": summary["tau"]
-                * costs["target_step_s"]
-                / (gamma * costs["draft_step_s"] + costs["target_extend_s"][gamma + 1]),
+                "cost_model_speedup": metrics.cost_model_speedup(
+                    summary["tau"],
+                    gamma,
+                    costs["target_step_s"],
+                    costs["draft_step_s"],
+                    costs["target_extend_s"][gamma + 1],
+                ),
                 "greedy_identical_to_plain": same,
             }
         )
@@ -327,6 +329,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "stream_floor_s_per_step": weight_bytes / bandwidth,
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),  # they can change kernels, hence timings
         "cells": [],
         "skipped": [],
     }
@@ -369,7 +372,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
                         "temperature": float(T),
                         "top_k": cfg.top_k,
                         "top_p": cfg.top_p,
-                        "input_widths": [int(next(iter(b.values())).shape[1]) for b in batches],
+                        "input_widths": [int(inputs.input_tokens(b).shape[1]) for b in batches],
                         **timing_c,
                         # Prefill included, so at batch 1 an upper bound on one plain step.
                         "plain_s_per_token": plain["plain_s"] / plain["plain_tokens"],

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative import inputs
 from speculative.models.base import DecodeState, LanguageModel, write_rows
 from speculative.sampling import SamplingConfig, sample, verify_detailed
 
@@ -595,8 +596,7 @@ def _stop_ids(eos_id) -> tuple[int, ...]:
 
 
 def _batch_size(batch: dict[str, jax.Array]) -> int:
-    key = "encoder_input_tokens" if "encoder_input_tokens" in batch else "prompt"
-    return batch[key].shape[0]
+    return inputs.input_tokens(batch).shape[0]
 
 
 def _cache_len(

@@ -42,3 +42,8 @@ def encoder_batch(inputs: Sequence[Sequence[int]]) -> dict[str, jnp.ndarray]:
     for row, ids in enumerate(inputs):
         tokens[row, : len(ids)] = ids
     return {"encoder_input_tokens": jnp.asarray(tokens)}
+
+
+def input_tokens(batch: dict[str, jnp.ndarray]) -> jnp.ndarray:
+    """The batch's token array [B, W]: "encoder_input_tokens" (encoder-decoder) or "prompt"."""
+    return batch["encoder_input_tokens"] if "encoder_input_tokens" in batch else batch["prompt"]

@@ -23,6 +23,18 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
 
 
+def cost_model_speedup(
+    tau: float, gamma: int, target_step_s: float, draft_step_s: float, verify_s: float
+) -> float:
+    """Theorem 3.8's accounting with the verify call's measured cost in place of one step.
+
+    A round is gamma draft steps plus one target call scoring gamma + 1 tokens (verify_s) and
+    yields tau tokens, against tau plain steps: tau * target_step / (gamma * draft_step + verify).
+    With verify_s = target_step_s and tau from Eq. 1 this is `predicted_speedup`.
+    """
+    return tau * target_step_s / (gamma * draft_step_s + verify_s)
+
+
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     """Integer gamma in 1..max_gamma maximising `predicted_speedup` (no closed form)."""
     gammas = np.arange(1, max_gamma + 1)

@@ -7,6 +7,7 @@ speed: timings on tiny models are noise.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import jax
@@ -44,6 +45,7 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
     assert [s["batch_size"] for s in result["skipped"]] == [1000000]
     assert [(c["batch_size"], c["temperature"]) for c in result["cells"]] == [(2, 0.0)]
     assert result["stop_ids"] == [1]  # the byte vocabulary's EOS
+    assert result["xla_flags"] == os.environ.get("XLA_FLAGS", "")
     assert result["stream_floor_s_per_step"] == pytest.approx(
         result["target_weight_bytes"] / result["read_bandwidth_bytes_s"]
     )

@@ -13,6 +13,16 @@ def test_expected_tokens_and_speedup_match_paper_formulas():
     assert metrics.predicted_speedup(0.0, 3, 1.0) == pytest.approx(0.25)
 
 
+def test_cost_model_reduces_to_theorem_3_8_when_verify_costs_one_step():
+    alpha, gamma, step, c = 0.8, 4, 0.2, 0.1
+    tau = metrics.expected_tokens_per_call(alpha, gamma)
+    same = metrics.cost_model_speedup(tau, gamma, step, c * step, verify_s=step)
+    assert same == pytest.approx(metrics.predicted_speedup(alpha, gamma, c))
+    # A verify call costing two steps: one extra step per round in the denominator.
+    slower = metrics.cost_model_speedup(tau, gamma, step, c * step, verify_s=2 * step)
+    assert slower == pytest.approx(tau / (gamma * c + 2.0))
+
+
 def test_optimal_gamma_is_the_integer_argmax():
     for alpha, c in [(0.6, 0.05), (0.8, 0.02), (0.9, 0.1), (0.3, 0.5)]:
         best = metrics.optimal_gamma(alpha, c, max_gamma=40)

@@ -8,6 +8,7 @@ Results worth reporting are printed (run with -s to see them).
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, fetch, prompts, vocab
+from speculative import decoding, fetch, metrics, prompts, vocab
 from speculative.checkpoints import load_gguf
 from speculative.models.decoder import DecoderLM
 from speculative.sampling import SamplingConfig
@@ -259,3 +260,43 @@ def test_qwen_speculative_greedy_equals_plain_greedy(qwen_target, qwen_draft, qw
     )
     print("first completion:", repr(qwen_vocab.decode(generated(plain, 0))[:300]))
     assert min(np.asarray(plain.lengths)) > 0
+
+
+# ---- The Quickstart main job --------------------------------------------------------------------
+
+
+def test_demo_runs_end_to_end_on_smollm_drafting_for_itself(tmp_path):
+    """speculative.demo on real weights: SmolLM2-135M drafts for itself, so every greedy draft
+    token is accepted (alpha ~ 1, tau = gamma + 1 until the length cap), the output equals plain
+    decoding, and the cost fields (c, verify cost, cost model) are measured and consistent."""
+    from speculative import demo
+
+    gamma, new_tokens = 3, 12
+    out = tmp_path / "demo.json"
+    result = demo.main(
+        [
+            "--target=smollm2-135m",
+            "--draft=smollm2-135m",
+            "--prompts=2",
+            "--batch_size=2",
+            f"--max_decode_len={new_tokens}",
+            f"--gamma={gamma}",
+            f"--out={out}",
+        ]
+    )
+    assert json.loads(out.read_text())["tokens"] == result["tokens"]
+    assert len(result["rows"]) == 2
+    assert all(row["identical_to_plain"] for row in result["rows"])
+    assert result["alpha"] > 0.999
+    assert result["tau"] > gamma  # the last round may be cut short by the length cap
+    assert 0.25 < result["c"] < 4.0  # one model timed twice (loose: timings on a shared machine)
+    assert result["target_verify_s"] > 0
+    assert result["cost_model_speedup"] == pytest.approx(
+        metrics.cost_model_speedup(
+            result["tau"],
+            gamma,
+            result["target_step_s"],
+            result["draft_step_s"],
+            result["target_verify_s"],
+        )
+    )
