@@ -11,8 +11,10 @@ from speculative import sampling
 from speculative.models import decoder
 
 
-def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, seed: int):
-    """A random-weight DecoderLM and its params (untied output, so logits are ~N(0, 1))."""
+def tiny_decoder_model(
+    vocab: int, emb: int, layers: int, heads: int, kv_heads: int
+) -> decoder.DecoderLM:
+    """A small DecoderLM (QKV bias, untied output, MLP 2 * emb), without weights."""
     config = decoder.DecoderConfig(
         vocab_size=vocab,
         emb_dim=emb,
@@ -24,7 +26,12 @@ def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, s
         qkv_bias=True,
         max_seq_len=256,
     )
-    model = decoder.DecoderLM(config)
+    return decoder.DecoderLM(config)
+
+
+def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, seed: int):
+    """A random-weight `tiny_decoder_model` and its params (untied output: logits ~N(0, 1))."""
+    model = tiny_decoder_model(vocab, emb, layers, heads, kv_heads)
     return model, model.init_params(jax.random.PRNGKey(seed))
 
 

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from speculative import memory, partitioning
-from tests.test_partitioning import decoder_model
+from tests.helpers import tiny_decoder_model
 
 MESH_2x4 = {"data": 2, "model": 4}
 
@@ -26,7 +26,7 @@ def test_array_bytes_per_device():
 
 def test_decoder_param_and_cache_bytes_by_hand():
     v, e, h, k, d, m = 64, 64, 8, 2, 8, 128
-    model = decoder_model(v, emb=e, layers=2, heads=h, kv_heads=k)
+    model = tiny_decoder_model(v, emb=e, layers=2, heads=h, kv_heads=k)
     split = 4  # 'model'; kv heads (2) do not divide it and are replicated (GQA rule)
     per_layer = (
         (e * h * d + h * d) / split  # query kernel + bias
@@ -49,7 +49,7 @@ def test_decoder_param_and_cache_bytes_by_hand():
 
 
 def test_draft_rules_replicate_the_whole_model():
-    model = decoder_model(64, emb=64, layers=1, heads=8, kv_heads=8)
+    model = tiny_decoder_model(64, emb=64, layers=1, heads=8, kv_heads=8)
     full = sum(x.size for x in jax.tree_util.tree_leaves(partitioning.param_shapes(model))) * 4
     assert memory.param_bytes(model, partitioning.DRAFT_RULES, MESH_2x4, jnp.float32) == full
     assert (

@@ -11,26 +11,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from speculative import partitioning
-from speculative.models import decoder, t5
+from speculative.models import t5
 from speculative.models.base import decode_state_axes
+from tests import helpers
 
 MESH_2x4 = {"data": 2, "model": 4}
-
-
-def decoder_model(vocab, emb, layers, heads, kv_heads):
-    """helpers.tiny_decoder's architecture without initialising weights (shapes are enough)."""
-    config = decoder.DecoderConfig(
-        vocab_size=vocab,
-        emb_dim=emb,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=emb // heads,
-        mlp_dim=2 * emb,
-        qkv_bias=True,
-        max_seq_len=256,
-    )
-    return decoder.DecoderLM(config)
 
 
 def tiny_t5(heads=8, head_dim=8, mlp=32, vocab=64):
@@ -64,7 +49,7 @@ def test_default_rules_follow_t5x():
 
 
 def test_gqa_kv_heads_replicated_when_axis_does_not_divide():
-    model = decoder_model(64, emb=64, layers=1, heads=8, kv_heads=2)
+    model = helpers.tiny_decoder_model(64, emb=64, layers=1, heads=8, kv_heads=2)
     rules = dict(partitioning.resolve_rules(model, partitioning.TARGET_RULES, MESH_2x4))
     assert rules["kv_heads"] is None and rules["heads"] == "model"
     # 2 kv heads on a model axis of 2 do divide: they stay split.
@@ -75,7 +60,7 @@ def test_gqa_kv_heads_replicated_when_axis_does_not_divide():
 
 
 def test_strict_kv_heads_names_the_dimension():
-    model = decoder_model(64, emb=64, layers=1, heads=8, kv_heads=2)
+    model = helpers.tiny_decoder_model(64, emb=64, layers=1, heads=8, kv_heads=2)
     with pytest.raises(
         ValueError, match="num_kv_heads=2 is not divisible by the 'model' mesh axis of size 4"
     ):
@@ -83,7 +68,7 @@ def test_strict_kv_heads_names_the_dimension():
 
 
 def test_heads_not_dividing_names_the_dimension():
-    model = decoder_model(64, emb=48, layers=1, heads=6, kv_heads=6)
+    model = helpers.tiny_decoder_model(64, emb=48, layers=1, heads=6, kv_heads=6)
     with pytest.raises(
         ValueError, match="num_heads=6 is not divisible by the 'model' mesh axis of size 4"
     ):
@@ -122,7 +107,7 @@ def test_batch_not_dividing_names_the_dimension():
 
 
 def test_decode_state_axes():
-    model = decoder_model(64, emb=32, layers=2, heads=4, kv_heads=2)
+    model = helpers.tiny_decoder_model(64, emb=32, layers=2, heads=4, kv_heads=2)
     prompt = {"prompt": jax.ShapeDtypeStruct((2, 3), jnp.int32)}
     state = jax.eval_shape(lambda b: model.init_state(None, b, 8), prompt)
     axes = decode_state_axes(state, partitioning.cache_heads_axis(model))

@@ -18,7 +18,6 @@ from speculative.checkpoints import load_t5x
 from speculative.models import t5
 from speculative.sampling import SamplingConfig
 from tests import helpers
-from tests.test_partitioning import decoder_model
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 8,
@@ -54,8 +53,12 @@ def _with_params(model, seed):
 @pytest.fixture(scope="module")
 def dec_pair():
     # 8 heads split on every mesh; 2 kv heads are replicated where 'model' > 2 (the GQA rule).
-    target = _with_params(decoder_model(V, emb=64, layers=1, heads=8, kv_heads=2), seed=0)
-    draft = _with_params(decoder_model(V, emb=32, layers=1, heads=2, kv_heads=1), seed=1)
+    target = _with_params(
+        helpers.tiny_decoder_model(V, emb=64, layers=1, heads=8, kv_heads=2), seed=0
+    )
+    draft = _with_params(
+        helpers.tiny_decoder_model(V, emb=32, layers=1, heads=2, kv_heads=1), seed=1
+    )
     batch = helpers.ragged_prompts(0, batch=8, width=6, vocab=V)
     return target, draft, batch
 
@@ -289,7 +292,9 @@ def test_bad_mesh_errors_name_the_dimension(dec_pair):
         decoding.speculative_decode(
             *target, *draft, six, partitioner=partitioning.create_partitioner(4, 2), **kwargs
         )
-    wide = decoder_model(V, emb=48, layers=1, heads=6, kv_heads=6)  # raised before params are read
+    wide = helpers.tiny_decoder_model(
+        V, emb=48, layers=1, heads=6, kv_heads=6
+    )  # raised before params are read
     with pytest.raises(ValueError, match="num_heads=6 is not divisible by the 'model' mesh axis"):
         decoding.speculative_decode(
             wide, None, *draft, batch, partitioner=partitioning.create_partitioner(2, 4), **kwargs
