@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative import decoding, memory, metrics, timing, vocab
+from speculative import decoding, inputs, memory, metrics, timing, vocab
 from speculative import model_loading as ml
 from speculative.gin_flags import JobError
 from speculative.job_config import InferConfig, seqio_tasks_module
@@ -214,7 +214,7 @@ def measure_c(
 
     def probe(model):
         if model.is_encoder_decoder:  # decode_step_time feeds batch["prompt"] to the decoder
-            size = batch["encoder_input_tokens"].shape[0]
+            size = inputs.input_tokens(batch).shape[0]
             return {**batch, "prompt": jnp.zeros((size, 1), jnp.int32)}
         return batch
 
