@@ -63,7 +63,7 @@ def _prefill(
     """
     state = model.init_state(params, batch, cache_len)
     if model.is_encoder_decoder:
-        size = batch["encoder_input_tokens"].shape[0]
+        size = inputs.input_tokens(batch).shape[0]
         zeros = jnp.zeros((size,), jnp.int32)
         return state.replace(index=zeros), zeros, zeros, zeros
     prompt = batch["prompt"].astype(jnp.int32)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative import decoding, inputs, memory, metrics, timing, vocab
+from speculative import decoding, memory, metrics, timing, vocab
 from speculative import model_loading as ml
 from speculative.gin_flags import JobError
 from speculative.job_config import InferConfig, seqio_tasks_module
@@ -212,14 +212,8 @@ def measure_c(
     one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
     """
 
-    def probe(model):
-        if model.is_encoder_decoder:  # decode_step_time feeds batch["prompt"] to the decoder
-            size = inputs.input_tokens(batch).shape[0]
-            return {**batch, "prompt": jnp.zeros((size, 1), jnp.int32)}
-        return batch
-
-    t_target = timing.decode_step_time(target.model, target.params, probe(target.model), cache_len)
-    t_draft = timing.decode_step_time(draft.model, draft.params, probe(draft.model), cache_len)
+    t_target = timing.decode_step_time(target.model, target.params, batch, cache_len)
+    t_draft = timing.decode_step_time(draft.model, draft.params, batch, cache_len)
     result: dict[str, Any] = {
         "target_step_s": t_target,
         "draft_step_s": t_draft,
@@ -227,9 +221,7 @@ def measure_c(
     }
     if verify_lengths:
         result["target_extend_s"] = {
-            n: timing.decode_step_time(
-                target.model, target.params, probe(target.model), cache_len, length=n
-            )
+            n: timing.decode_step_time(target.model, target.params, batch, cache_len, length=n)
             for n in verify_lengths
         }
     return result

@@ -9,6 +9,8 @@ from typing import Any
 
 import jax
 
+from speculative import inputs
+
 
 def block(tree: Any) -> Any:
     """Waits for every array in a pytree (JAX dispatch is asynchronous)."""
@@ -53,16 +55,20 @@ def step_time(
 def decode_step_time(
     model: Any, params: Any, batch: dict, cache_len: int, repeats: int = 3, length: int = 1
 ) -> float:
-    """Median seconds of one `extend` by `length` tokens (batch from `batch["prompt"]`, cache
-    filled). length 1 is a plain decode step; length gamma+1 is a speculative verify call.
+    """Median seconds of one `extend` by `length` tokens, cache filled. length 1 is a plain decode
+    step; length gamma+1 is a speculative verify call.
 
+    A decoder-only model is prefilled with `batch["prompt"]` [B, P]. An encoder-decoder's state
+    reads the encoder tokens of `batch`, and its decoder starts from one start token (id 0), [B, 1].
     Rewinds the index by `length` each step so the cache fill, and hence the cost, stays constant.
     """
     import jax.numpy as jnp
 
+    if model.is_encoder_decoder:
+        batch = {**batch, "prompt": jnp.zeros((inputs.input_tokens(batch).shape[0], 1), jnp.int32)}
+
     @jax.jit
     def prefill(params, batch):
-        # The whole batch: an encoder-decoder's init_state reads its encoder tokens.
         state = model.init_state(params, batch, cache_len)
         return model.extend(params, state, batch["prompt"])[1]
 

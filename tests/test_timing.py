@@ -20,6 +20,17 @@ def test_decode_step_time_decoder(length):
     assert 0 < seconds < 5
 
 
+@pytest.mark.parametrize("length", [1, 2])
+def test_decode_step_time_encoder_decoder_from_encoder_tokens_alone(length):
+    # The decoder starts from the start token: the batch needs no decoder prompt.
+    target, target_params, _, _ = _target_and_draft(vocab=40, seed=0)
+    batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
+    seconds = timing.decode_step_time(
+        target, target_params, batch, cache_len=10, repeats=1, length=length
+    )
+    assert 0 < seconds < 5
+
+
 def test_measure_c_encoder_decoder_with_verify_lengths():
     target, target_params, draft, draft_params = _target_and_draft(vocab=40, seed=0)
     batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
