@@ -348,7 +348,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
             for b in cycled_batches(ids, B)
         ]
         try:
-            timing_c = infer.measure_c(
+            timing_c = timing.measure_c(
                 target, draft, batches[0], cache_len, [g + 1 for g in cfg.gammas]
             )
             for T in cfg.temperatures:

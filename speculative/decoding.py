@@ -63,8 +63,7 @@ def _prefill(
     """
     state = model.init_state(params, batch, cache_len)
     if model.is_encoder_decoder:
-        size = inputs.input_tokens(batch).shape[0]
-        zeros = jnp.zeros((size,), jnp.int32)
+        zeros = jnp.zeros((_batch_size(batch),), jnp.int32)
         return state.replace(index=zeros), zeros, zeros, zeros
     prompt = batch["prompt"].astype(jnp.int32)
     _, state = model.extend(params, state, prompt)  # logits unused: XLA drops the projection

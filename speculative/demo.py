@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, infer, inputs, metrics, prompts, timing, vocab
+from speculative import checkpoints, decoding, fetch, inputs, metrics, prompts, timing, vocab
 from speculative import model_loading as ml
 from speculative.sampling import SamplingConfig
 
@@ -135,7 +135,7 @@ def main(argv=None) -> dict:
     summary = metrics.summarize(stats, np.concatenate([np.asarray(x) for _, x in all_stats]))
     probe = inputs.decoder_batch([encoded[0]])
     cache_len = len(encoded[0]) + args.max_decode_len + args.gamma + 1
-    costs = infer.measure_c(
+    costs = timing.measure_c(
         ml.Loaded(target, target_params, args.target),
         ml.Loaded(draft, draft_params, args.draft),
         probe,

@@ -199,34 +199,6 @@ def pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure_c(
-    target: ml.Loaded,
-    draft: ml.Loaded,
-    batch: dict,
-    cache_len: int,
-    verify_lengths: Sequence[int] = (),
-) -> dict[str, Any]:
-    """Seconds of one single-token step of each model on `batch`, and c = draft / target.
-
-    With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
-    one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
-    """
-
-    t_target = timing.decode_step_time(target.model, target.params, batch, cache_len)
-    t_draft = timing.decode_step_time(draft.model, draft.params, batch, cache_len)
-    result: dict[str, Any] = {
-        "target_step_s": t_target,
-        "draft_step_s": t_draft,
-        "c": t_draft / t_target,
-    }
-    if verify_lengths:
-        result["target_extend_s"] = {
-            n: timing.decode_step_time(target.model, target.params, batch, cache_len, length=n)
-            for n in verify_lengths
-        }
-    return result
-
-
 def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]:
     """What determines every row's result: a restart must match it to resume."""
     return {
@@ -379,7 +351,7 @@ def run(cfg: InferConfig) -> dict[str, Any]:
         cache_len = (
             (0 if encoder_decoder else width) + cfg.feature_lengths["targets"] + cfg.gamma + 1
         )
-        timing_c = measure_c(
+        timing_c = timing.measure_c(
             target, draft, make_batch(probe_ids, width, encoder_decoder), cache_len
         )
         alpha = summary["alpha"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from speculative import inputs
+
+if TYPE_CHECKING:  # model_loading imports the checkpoint readers; timing does not need them
+    from speculative.model_loading import Loaded
 
 
 def block(tree: Any) -> Any:
@@ -94,3 +97,30 @@ def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
     total = jax.jit(jnp.sum)
     _, median, _ = time_call(lambda: total(data), repeats)
     return num_bytes / median
+
+
+def measure_c(
+    target: Loaded,
+    draft: Loaded,
+    batch: dict,
+    cache_len: int,
+    verify_lengths: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Seconds of one single-token step of each model on `batch`, and c = draft / target.
+
+    With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
+    one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
+    """
+    t_target = decode_step_time(target.model, target.params, batch, cache_len)
+    t_draft = decode_step_time(draft.model, draft.params, batch, cache_len)
+    result: dict[str, Any] = {
+        "target_step_s": t_target,
+        "draft_step_s": t_draft,
+        "c": t_draft / t_target,
+    }
+    if verify_lengths:
+        result["target_extend_s"] = {
+            n: decode_step_time(target.model, target.params, batch, cache_len, length=n)
+            for n in verify_lengths
+        }
+    return result

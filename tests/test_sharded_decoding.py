@@ -292,9 +292,8 @@ def test_bad_mesh_errors_name_the_dimension(dec_pair):
         decoding.speculative_decode(
             *target, *draft, six, partitioner=partitioning.create_partitioner(4, 2), **kwargs
         )
-    wide = helpers.tiny_decoder_model(
-        V, emb=48, layers=1, heads=6, kv_heads=6
-    )  # raised before params are read
+    # The error is raised before params are read.
+    wide = helpers.tiny_decoder_model(V, emb=48, layers=1, heads=6, kv_heads=6)
     with pytest.raises(ValueError, match="num_heads=6 is not divisible by the 'model' mesh axis"):
         decoding.speculative_decode(
             wide, None, *draft, batch, partitioner=partitioning.create_partitioner(2, 4), **kwargs

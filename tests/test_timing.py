@@ -1,4 +1,4 @@
-"""timing.decode_step_time and infer.measure_c on both model families (the benchmark's c and
+"""timing.decode_step_time and timing.measure_c on both model families (the benchmark's c and
 verify-cost probes), including an encoder-decoder, whose state needs its encoder tokens."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from speculative import infer, timing
 from speculative import model_loading as ml
+from speculative import timing
 from tests.helpers import tiny_decoder
 from tests.test_t5_decoding import _encoder_batch, _target_and_draft
 
@@ -34,7 +34,7 @@ def test_decode_step_time_encoder_decoder_from_encoder_tokens_alone(length):
 def test_measure_c_encoder_decoder_with_verify_lengths():
     target, target_params, draft, draft_params = _target_and_draft(vocab=40, seed=0)
     batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
-    result = infer.measure_c(
+    result = timing.measure_c(
         ml.Loaded(target, target_params, "t5 target"),
         ml.Loaded(draft, draft_params, "t5 draft"),
         batch,
