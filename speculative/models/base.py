@@ -10,7 +10,7 @@ flax.linen module. Decoding only ever calls the four members of `LanguageModel`:
 `DecodeState.index[b]` is the number of valid cache positions of row b. `extend` writes its L new keys
 and values at index[b] .. index[b] + L - 1 of each row and attends causally by absolute position, so a
 rollback after a rejected draft is just `state.replace(index=...)`: stale slots beyond the index are
-hidden by the causal mask and overwritten by the next write (DESIGN.md section 2).
+hidden by the causal mask and overwritten by the next write (docs/design.md §2).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ D = head_dim, M = mlp_dim, V = vocab_size, R = num_buckets):
     decoder/logits_dense/kernel                                   [E, V]     (embed, vocab); absent
                                                                   when logits_via_embedding
 
-Decoding (DESIGN.md section 2): `init_state` encodes once and stores the encoder padding mask and every
+Decoding (docs/design.md §2): `init_state` encodes once and stores the encoder padding mask and every
 decoder layer's cross-attention keys/values in `DecodeState.extras`; `extend` appends L decoder tokens
 at each row's own cache index. T5X's cache is single-token with a scalar index; ours is neither.
 """
