@@ -85,9 +85,8 @@ def _state_shapes(model: Any, batch_size: int, input_len: int, cache_len: int) -
 
 
 def cache_len(model: Any, input_len: int, max_decode_len: int, gamma: int) -> int:
-    """The decoder cache length decoding allocates (see decoding._cache_len)."""
-    prompt = 0 if model.is_encoder_decoder else input_len
-    return prompt + max_decode_len + gamma + 1
+    """The decoder cache length speculative decoding allocates (the model's own formula)."""
+    return model.cache_length(input_len, max_decode_len, gamma + 1)
 
 
 def state_bytes(

@@ -6,8 +6,10 @@ c: cost of one draft step divided by one target step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
 
+import jax
 import numpy as np
 
 
@@ -42,30 +44,41 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     return int(gammas[int(np.argmax(speedups))])
 
 
-def summarize(stats: Mapping[str, np.ndarray], lengths: np.ndarray) -> dict[str, float]:
-    """Pools per-row decode stats into batch-level numbers.
+def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
+    """The one pooling of per-row decode statistics into batch- or run-level numbers.
 
     Args:
-      stats: `DecodeOutput.stats` of a speculative decode (per-row arrays).
+      stats: per-row arrays readable by name: a `decoding.DecodeStats` (or several concatenated
+        with `concat_rows`), or a mapping such as the infer job's output rows turned into columns.
+        Needs "target_calls"; speculative stats add "alpha", "accepted", "drafted",
+        "draft_calls", "accepted_at" / "verified_at" [B, G] (G = 0 or absent: plain decoding).
       lengths: [B] generated tokens per row.
     Returns:
-      alpha (pooled over all verified positions), tau (generated tokens per target call), the
-      acceptance rate per draft position, and totals.
+      tokens, target_calls, tau (generated tokens per target call); speculative stats add alpha
+      (beta pooled over every verified position, i.e. rows weighted by their verified count),
+      draft_calls, accepted, drafted and acceptance_by_position (accepted / verified per draft
+      position).
     """
-    stats = {k: np.asarray(v) for k, v in stats.items()}
     lengths = np.asarray(lengths)
-    target_calls = int(stats["target_calls"].sum())
-    out = {
+    target_calls = int(np.sum(np.asarray(stats["target_calls"])))
+    out: dict[str, Any] = {
         "tokens": int(lengths.sum()),
         "target_calls": target_calls,
         "tau": float(lengths.sum() / max(target_calls, 1)),
     }
-    if "verified_at" in stats:
-        verified = stats["verified_at"].sum(1)
-        out["alpha"] = float((stats["alpha"] * verified).sum() / max(verified.sum(), 1))
-        out["draft_calls"] = int(stats["draft_calls"].sum())
-        out["accepted"] = int(stats["accepted"].sum())
-        out["drafted"] = int(stats["drafted"].sum())
-        per_position = stats["accepted_at"].sum(0) / np.maximum(stats["verified_at"].sum(0), 1)
-        out["acceptance_by_position"] = [float(x) for x in per_position]
+    if "verified_at" not in stats or np.asarray(stats["verified_at"]).shape[-1] == 0:
+        return out
+    verified_at = np.asarray(stats["verified_at"])
+    verified = verified_at.sum(1)
+    out["alpha"] = float((np.asarray(stats["alpha"]) * verified).sum() / max(verified.sum(), 1))
+    for name in ("draft_calls", "accepted", "drafted"):
+        out[name] = int(np.sum(np.asarray(stats[name])))
+    per_position = np.asarray(stats["accepted_at"]).sum(0) / np.maximum(verified_at.sum(0), 1)
+    out["acceptance_by_position"] = [float(x) for x in per_position]
     return out
+
+
+def concat_rows(trees: Sequence[Any]) -> Any:
+    """Concatenates per-row pytrees (e.g. `DecodeStats` of several batches) along the row axis,
+    as numpy arrays on the host."""
+    return jax.tree.map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]), *trees)

@@ -5,19 +5,25 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from speculative import inputs
-
-if TYPE_CHECKING:  # model_loading imports the checkpoint readers; timing does not need them
-    from speculative.model_loading import Loaded
 
 
 def block(tree: Any) -> Any:
     """Waits for every array in a pytree (JAX dispatch is asynchronous)."""
     return jax.block_until_ready(tree)
+
+
+def compile_ahead(jitted: Any, *args: Any, **static: Any) -> tuple[Any, float]:
+    """`jitted.lower(*args, **static).compile()` and the seconds it took (reported apart from every
+    timed run). The compiled executable takes the non-static arguments only."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args, **static).compile()
+    return compiled, time.perf_counter() - start
 
 
 def time_call(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, float, Any]:
@@ -62,13 +68,12 @@ def decode_step_time(
     step; length gamma+1 is a speculative verify call.
 
     A decoder-only model is prefilled with `batch["prompt"]` [B, P]. An encoder-decoder's state
-    reads the encoder tokens of `batch`, and its decoder starts from one start token (id 0), [B, 1].
+    reads the encoder tokens of `batch`, and its decoder starts from its start token, [B, 1].
     Rewinds the index by `length` each step so the cache fill, and hence the cost, stays constant.
     """
-    import jax.numpy as jnp
-
     if model.is_encoder_decoder:
-        batch = {**batch, "prompt": jnp.zeros((inputs.input_tokens(batch).shape[0], 1), jnp.int32)}
+        rows = inputs.input_tokens(batch).shape[0]
+        batch = {**batch, "prompt": jnp.full((rows, 1), model.decoder_start_id, jnp.int32)}
 
     @jax.jit
     def prefill(params, batch):
@@ -91,8 +96,6 @@ def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
 
     A batch-1 decode step must read every weight once, so weight bytes / this is its floor.
     """
-    import jax.numpy as jnp
-
     data = jnp.ones((num_bytes // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
     _, median, _ = time_call(lambda: total(data), repeats)
@@ -100,8 +103,10 @@ def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def measure_c(
-    target: Loaded,
-    draft: Loaded,
+    target: Any,
+    target_params: Any,
+    draft: Any,
+    draft_params: Any,
     batch: dict,
     cache_len: int,
     verify_lengths: Sequence[int] = (),
@@ -111,8 +116,8 @@ def measure_c(
     With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
     one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
     """
-    t_target = decode_step_time(target.model, target.params, batch, cache_len)
-    t_draft = decode_step_time(draft.model, draft.params, batch, cache_len)
+    t_target = decode_step_time(target, target_params, batch, cache_len)
+    t_draft = decode_step_time(draft, draft_params, batch, cache_len)
     result: dict[str, Any] = {
         "target_step_s": t_target,
         "draft_step_s": t_draft,
@@ -120,7 +125,7 @@ def measure_c(
     }
     if verify_lengths:
         result["target_extend_s"] = {
-            n: decode_step_time(target.model, target.params, batch, cache_len, length=n)
+            n: decode_step_time(target, target_params, batch, cache_len, length=n)
             for n in verify_lengths
         }
     return result

@@ -8,7 +8,7 @@ import numpy as np
 from scipy import stats
 
 from speculative import sampling
-from speculative.models import decoder
+from speculative.models import decoder, t5
 
 
 def tiny_decoder_model(
@@ -33,6 +33,109 @@ def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, s
     """A random-weight `tiny_decoder_model` and its params (untied output: logits ~N(0, 1))."""
     model = tiny_decoder_model(vocab, emb, layers, heads, kv_heads)
     return model, model.init_params(jax.random.PRNGKey(seed))
+
+
+def tiny_t5_pair(vocab: int, seed: int):
+    """A random T5 target and a smaller draft made of the target's first layers (so that the two
+    agree often but not always, exercising both acceptance and rejection)."""
+    target_cfg = t5.T5Config(
+        vocab_size=vocab,
+        emb_dim=32,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        head_dim=8,
+        mlp_dim=48,
+        mlp_activations=("gelu", "linear"),
+    )
+    draft_cfg = t5.T5Config(
+        **{**target_cfg.__dict__, "num_encoder_layers": 1, "num_decoder_layers": 1}
+    )
+    target, draft = t5.T5(target_cfg), t5.T5(draft_cfg)
+    target_params = target.init_params(jax.random.PRNGKey(seed))
+    draft_params = jax.tree.map(lambda x: x, target_params)
+    for stack, kept in (("encoder", 1), ("decoder", 1)):
+        draft_params[stack] = {
+            k: v
+            for k, v in target_params[stack].items()
+            if not k.startswith("layers_") or int(k.split("_")[1]) < kept
+        }
+    assert_same_tree(draft_params, draft.param_shapes())
+    return target, target_params, draft, draft_params
+
+
+def encoder_batch(seed: int, batch: int, width: int, vocab: int):
+    """Right-padded random encoder inputs [B, width] (0 = pad); rows 0 and 1 have lengths width, 1."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, width + 1, size=batch)
+    lengths[:2] = (width, 1)
+    tokens = rng.integers(2, vocab, size=(batch, width))
+    tokens = np.where(np.arange(width)[None] < lengths[:, None], tokens, 0)
+    return {"encoder_input_tokens": jnp.asarray(tokens, jnp.int32)}
+
+
+def assert_same_tree(tree, reference) -> None:
+    """Asserts equal tree structure and, leaf by leaf, equal shape and dtype."""
+    assert jax.tree.structure(tree) == jax.tree.structure(reference)
+    for path, leaf, ref in zip(
+        jax.tree_util.tree_leaves_with_path(tree),
+        jax.tree.leaves(tree),
+        jax.tree.leaves(reference),
+        strict=True,
+    ):
+        assert (leaf.shape, leaf.dtype) == (ref.shape, ref.dtype), jax.tree_util.keystr(path[0])
+
+
+def abstract_decoder(vocab: int, emb: int, layers: int, mlp: int, tied: bool):
+    """A GQA DecoderLM (4 heads, 2 kv heads, QKV bias) and its abstract params (no memory)."""
+    config = decoder.DecoderConfig(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=emb // 4,
+        mlp_dim=mlp,
+        qkv_bias=True,
+        tie_word_embeddings=tied,
+        max_seq_len=128,
+    )
+    model = decoder.DecoderLM(config)
+    return model, jax.eval_shape(model.init_params, jax.random.PRNGKey(0))
+
+
+def abstract_t5(vocab: int, emb: int, layers: int, mlp: int):
+    """A T5 v1.1-style model (tied logits) and its abstract params (no memory)."""
+    config = t5.T5Config(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_heads=4,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        head_dim=emb // 4,
+        mlp_dim=mlp,
+        mlp_activations=("gelu", "linear"),
+        logits_via_embedding=True,
+    )
+    model = t5.T5(config)
+    return model, jax.eval_shape(model.init_params, jax.random.PRNGKey(0))
+
+
+def compile_count(fn) -> int:
+    """How many XLA compilations calling fn() triggers (JAX's public compile log)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            fn()
+    finally:
+        logger.removeHandler(handler)
+    return sum("Compiling" in r.getMessage() for r in records)
 
 
 def ragged_prompts(rng_seed: int, batch: int, width: int, vocab: int, low: int = 1):

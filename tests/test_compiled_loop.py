@@ -14,48 +14,19 @@ import jax
 import pytest
 
 from speculative import decoding, inputs
-from speculative.models import decoder, t5
 from speculative.sampling import SamplingConfig
+from tests import helpers
 
 # Distinct sizes, so that no activation shape can be mistaken for a weight's.
 VOCAB, EMB, MLP = 4099, 56, 113
 
 
-def _abstract(model):
-    return jax.eval_shape(model.init_params, jax.random.PRNGKey(0))
-
-
 def _decoder(emb: int, layers: int, tied: bool):
-    config = decoder.DecoderConfig(
-        vocab_size=VOCAB,
-        emb_dim=emb,
-        num_layers=layers,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=emb // 4,
-        mlp_dim=MLP,
-        qkv_bias=True,
-        tie_word_embeddings=tied,
-        max_seq_len=128,
-    )
-    model = decoder.DecoderLM(config)
-    return model, _abstract(model)
+    return helpers.abstract_decoder(VOCAB, emb, layers, MLP, tied)
 
 
 def _t5(emb: int, layers: int):
-    config = t5.T5Config(
-        vocab_size=VOCAB,
-        emb_dim=emb,
-        num_heads=4,
-        num_encoder_layers=layers,
-        num_decoder_layers=layers,
-        head_dim=emb // 4,
-        mlp_dim=MLP,
-        mlp_activations=("gelu", "linear"),
-        logits_via_embedding=True,
-    )
-    model = t5.T5(config)
-    return model, _abstract(model)
+    return helpers.abstract_t5(VOCAB, emb, layers, MLP)
 
 
 def _weight_shapes(*param_trees) -> set[tuple[int, ...]]:
@@ -98,26 +69,20 @@ def test_speculative_loop_moves_no_weights(family, tied_draft, rows):
     else:
         target, target_params = _t5(EMB, 2)
         draft, draft_params = _t5(EMB // 2, 1)
-    args, static = decoding._speculative_args(
-        target,
-        target_params,
-        draft,
-        draft_params,
-        _batch(target, rows),
-        4,
-        16,
-        SamplingConfig(temperature=1.0),
-        10**6,
-        None,
+    config = decoding.DecodeConfig(16, 10**6, SamplingConfig(temperature=1.0), gamma=4)
+    batch, rng = _batch(target, rows), jax.random.PRNGKey(0)
+    lowered = decoding.speculative_loop.lower(
+        target, target_params, draft, draft_params, batch, rng, config
     )
-    hlo = decoding._speculative_jit.lower(*args, **static).compile().as_text()
+    hlo = lowered.compile().as_text()
     assert _weight_moves(hlo, _weight_shapes(target_params, draft_params)) == []
 
 
 def test_autoregressive_loop_moves_no_weights():
     model, params = _decoder(EMB, 2, tied=True)
-    args, static = decoding._autoregressive_args(
-        model, params, _batch(model, 1), 16, SamplingConfig(), 10**6, None
+    config = decoding.DecodeConfig(16, 10**6, SamplingConfig())
+    lowered = decoding.autoregressive_loop.lower(
+        model, params, _batch(model, 1), jax.random.PRNGKey(0), config
     )
-    hlo = decoding._autoregressive_jit.lower(*args, **static).compile().as_text()
+    hlo = lowered.compile().as_text()
     assert _weight_moves(hlo, _weight_shapes(params)) == []

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding
+from speculative import decoding, timing
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
@@ -188,76 +188,75 @@ def test_plain_sampling_follows_exact_probabilities(small_pair):
 
 def test_deterministic_and_compiled_once(target, draft, batch):
     cfg = SamplingConfig(temperature=1.0, top_k=20)
-    kwargs = dict(gamma=3, max_decode_len=12, sampling=cfg, eos_id=V)
-    first = decoding.speculative_decode(*target, *draft, batch, rng=jax.random.PRNGKey(5), **kwargs)
-    compiled = decoding._speculative_jit._cache_size()
-    again = decoding.speculative_decode(*target, *draft, batch, rng=jax.random.PRNGKey(5), **kwargs)
-    assert decoding._speculative_jit._cache_size() == compiled
-    np.testing.assert_array_equal(first.tokens, again.tokens)
-    other = decoding.speculative_decode(*target, *draft, batch, rng=jax.random.PRNGKey(6), **kwargs)
-    assert not np.array_equal(first.tokens, other.tokens)
-    plain = decoding.autoregressive_decode(
-        *target,
-        batch,
-        rng=jax.random.PRNGKey(5),
-        **{k: v for k, v in kwargs.items() if k != "gamma"},
-    )
-    plain_compiled = decoding._autoregressive_jit._cache_size()
-    plain_again = decoding.autoregressive_decode(
-        *target,
-        batch,
-        rng=jax.random.PRNGKey(5),
-        **{k: v for k, v in kwargs.items() if k != "gamma"},
-    )
-    assert decoding._autoregressive_jit._cache_size() == plain_compiled
-    np.testing.assert_array_equal(plain.tokens, plain_again.tokens)
+    kwargs = dict(max_decode_len=12, sampling=cfg, eos_id=V)
+    results = {}
 
-
-# --- bad input --------------------------------------------------------------------------------
-
-
-def test_bad_inputs_raise_clear_errors(target, draft, batch):
-    with pytest.raises(ValueError, match="gamma"):
-        decoding.speculative_decode(*target, *draft, batch, gamma=0, max_decode_len=4, eos_id=1)
-    other_vocab = helpers.tiny_decoder(V + 1, emb=32, layers=1, heads=2, kv_heads=1, seed=2)
-    with pytest.raises(ValueError, match="vocabularies differ in size"):
-        decoding.speculative_decode(
-            *target, *other_vocab, batch, gamma=2, max_decode_len=4, eos_id=1
-        )
-    with pytest.raises(ValueError, match="max_seq_len"):
-        decoding.speculative_decode(*target, *draft, batch, gamma=2, max_decode_len=250, eos_id=1)
-    long_prompt = helpers.ragged_prompts(1, batch=2, width=300, vocab=V)
-    with pytest.raises(ValueError, match="longer than the model context"):
-        decoding.autoregressive_decode(*target, long_prompt, max_decode_len=4, eos_id=1)
-    with pytest.raises(ValueError, match="prompt_lengths"):
-        bad = dict(batch, prompt_lengths=jnp.zeros_like(batch["prompt_lengths"]))
-        decoding.autoregressive_decode(*target, bad, max_decode_len=4, eos_id=1)
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingConfig(temperature=-1.0)
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingConfig(temperature=1.0, top_p=0.0)
-
-
-def test_nan_logits_are_reported(target, draft, batch):
-    model, params = target
-    broken = jax.tree_util.tree_map(lambda x: x, params)
-    broken["decoder_norm"]["scale"] = jnp.full_like(params["decoder_norm"]["scale"], jnp.nan)
-    with pytest.raises(FloatingPointError, match="NaN logits"):
-        decoding.speculative_decode(
-            model, broken, *draft, batch, gamma=2, max_decode_len=4, eos_id=1
+    def spec(seed):
+        results[seed] = decoding.speculative_decode(
+            *target, *draft, batch, gamma=3, rng=jax.random.PRNGKey(seed), **kwargs
         )
 
+    assert helpers.compile_count(lambda: spec(5)) >= 1
+    first = results[5]
+    assert helpers.compile_count(lambda: spec(5)) == 0  # same shapes and config: no recompile
+    np.testing.assert_array_equal(first.tokens, results[5].tokens)
+    np.testing.assert_array_equal(first.stats.accepted, results[5].stats.accepted)
+    assert helpers.compile_count(lambda: spec(6)) == 0  # a new rng is an argument, not a constant
+    assert not np.array_equal(first.tokens, results[6].tokens)
 
-def test_compiled_entry_points_match_the_plain_calls(target, draft, batch):
-    kwargs = dict(max_decode_len=9, sampling=SamplingConfig(temperature=1.0), eos_id=V)
-    rng = jax.random.PRNGKey(3)
-    run, seconds = decoding.compile_speculative(*target, *draft, batch, gamma=2, rng=rng, **kwargs)
-    assert seconds > 0
-    direct = decoding.speculative_decode(*target, *draft, batch, gamma=2, rng=rng, **kwargs)
-    np.testing.assert_array_equal(run().tokens, direct.tokens)
-    run, _ = decoding.compile_autoregressive(*target, batch, rng=rng, **kwargs)
-    direct = decoding.autoregressive_decode(*target, batch, rng=rng, **kwargs)
-    np.testing.assert_array_equal(run().tokens, direct.tokens)
+    def plain():
+        results["plain"] = decoding.autoregressive_decode(
+            *target, batch, rng=jax.random.PRNGKey(5), **kwargs
+        )
+
+    assert helpers.compile_count(plain) >= 1
+    first_plain = results["plain"]
+    assert helpers.compile_count(plain) == 0
+    np.testing.assert_array_equal(first_plain.tokens, results["plain"].tokens)
+
+
+def test_ahead_of_time_compiled_loops_match_the_plain_calls(target, draft, batch):
+    """JAX's own lower().compile() on the jitted loops reruns the same program on new inputs."""
+    sampling = SamplingConfig(temperature=1.0)
+    rng, other_rng = jax.random.PRNGKey(3), jax.random.PRNGKey(4)
+    config = decoding.DecodeConfig(max_decode_len=9, stop_ids=V, sampling=sampling, gamma=2)
+    (tm, tp), (dm, dp) = target, draft
+    compiled, seconds = timing.compile_ahead(
+        decoding.speculative_loop, tm, tp, dm, dp, batch, rng, config=config
+    )
+    assert seconds > 0.01  # an XLA compile, not a cache hit
+    for key in (rng, other_rng):
+        direct = decoding.speculative_decode(
+            *target, *draft, batch, gamma=2, max_decode_len=9, sampling=sampling, eos_id=V, rng=key
+        )
+        out = compiled(tp, dp, batch, key)
+        np.testing.assert_array_equal(out.tokens, direct.tokens)
+        np.testing.assert_array_equal(out.stats.accepted, direct.stats.accepted)
+    plain_config = decoding.DecodeConfig(max_decode_len=9, stop_ids=V, sampling=sampling)
+    compiled, _ = timing.compile_ahead(
+        decoding.autoregressive_loop, tm, tp, batch, rng, plain_config
+    )
+    direct = decoding.autoregressive_decode(
+        *target, batch, max_decode_len=9, sampling=sampling, eos_id=V, rng=rng
+    )
+    np.testing.assert_array_equal(compiled(tp, batch, rng).tokens, direct.tokens)
+
+
+def test_decode_config_is_validated_and_hashable():
+    config = decoding.DecodeConfig(max_decode_len=np.int64(4), stop_ids=[2, 3], gamma=np.int32(2))
+    assert config == decoding.DecodeConfig(4, (2, 3), SamplingConfig(), 2)
+    assert hash(config) == hash(decoding.DecodeConfig(4, (2, 3), SamplingConfig(), 2))
+    assert (config.stop_ids, config.block) == ((2, 3), 3)
+    assert decoding.DecodeConfig(4, 1).block == 1 and decoding.DecodeConfig(4, 1).stop_ids == (1,)
+    for bad, match in [
+        (dict(max_decode_len=0, stop_ids=1), "max_decode_len"),
+        (dict(max_decode_len=4, stop_ids=()), "eos_id"),
+        (dict(max_decode_len=4, stop_ids=1, gamma=0), "gamma"),
+        (dict(max_decode_len=4, stop_ids=1, gamma=True), "gamma"),
+        (dict(max_decode_len=4, stop_ids=1, sampling={"temperature": 1.0}), "SamplingConfig"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            decoding.DecodeConfig(**bad)
 
 
 def test_several_stop_ids(target, draft, batch):

@@ -177,7 +177,7 @@ def _prefilled_state(p, model, params, batch, role):
 
     @jax.jit
     def prefill(params, batch):
-        state, *_ = decoding._prefill(model, params, batch, 16)
+        state, *_ = decoding.prefill(model, params, batch, 16)
         return p.constrain_state(model, state, role)
 
     return params, prefill(params, batch)
@@ -221,10 +221,15 @@ def test_state_sharded_as_the_rules_say_and_memory_report_matches(dec_pair, t5_p
 
 def _compiled_text(pair, partitioner):
     target, draft, batch = pair
-    args, static = decoding._speculative_args(
-        *target, *draft, batch, GAMMA, MAX_LEN, SamplingConfig(), 1, None, partitioner
+    (target_model, target_params), (draft_model, draft_params) = target, draft
+    target_params = partitioner.place_params(target_model, target_params, "target")
+    draft_params = partitioner.place_params(draft_model, draft_params, "draft")
+    batch, rng = decoding.place_inputs(partitioner, batch, jax.random.PRNGKey(0))
+    config = decoding.DecodeConfig(MAX_LEN, 1, SamplingConfig(), gamma=GAMMA)
+    lowered = decoding.speculative_loop.lower(
+        target_model, target_params, draft_model, draft_params, batch, rng, config, partitioner
     )
-    return decoding._speculative_jit.lower(*args, **static).compile().as_text()
+    return lowered.compile().as_text()
 
 
 def _all_gathers(text, loops_only=False):

@@ -10,54 +10,16 @@ import pytest
 from scipy import stats
 
 from speculative import decoding, sampling
-from speculative.models import t5
+from tests import helpers
 
 EOS = 1
-
-
-def _target_and_draft(vocab: int, seed: int):
-    """A random T5 target and a smaller draft made of the target's first layers (so that the two
-    agree often but not always, exercising both acceptance and rejection)."""
-    target_cfg = t5.T5Config(
-        vocab_size=vocab,
-        emb_dim=32,
-        num_heads=4,
-        num_encoder_layers=2,
-        num_decoder_layers=3,
-        head_dim=8,
-        mlp_dim=48,
-        mlp_activations=("gelu", "linear"),
-    )
-    draft_cfg = t5.T5Config(
-        **{**target_cfg.__dict__, "num_encoder_layers": 1, "num_decoder_layers": 1}
-    )
-    target, draft = t5.T5(target_cfg), t5.T5(draft_cfg)
-    target_params = target.init_params(jax.random.PRNGKey(seed))
-    draft_params = jax.tree.map(lambda x: x, target_params)
-    for stack, kept in (("encoder", 1), ("decoder", 1)):
-        draft_params[stack] = {
-            k: v
-            for k, v in target_params[stack].items()
-            if not k.startswith("layers_") or int(k.split("_")[1]) < kept
-        }
-    jax.tree.map(lambda a, b: None, draft_params, draft.param_shapes())  # same tree
-    return target, target_params, draft, draft_params
-
-
-def _encoder_batch(seed: int, batch: int, width: int, vocab: int):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, width + 1, size=batch)
-    lengths[:2] = (width, 1)
-    tokens = rng.integers(2, vocab, size=(batch, width))
-    tokens = np.where(np.arange(width)[None] < lengths[:, None], tokens, 0)
-    return {"encoder_input_tokens": jnp.asarray(tokens, jnp.int32)}
 
 
 @pytest.mark.parametrize("gamma", [3])
 def test_greedy_speculative_equals_autoregressive(gamma):
     vocab = 48
-    target, tp, draft, dp = _target_and_draft(vocab, seed=3)
-    batch = _encoder_batch(seed=gamma, batch=6, width=7, vocab=vocab)
+    target, tp, draft, dp = helpers.tiny_t5_pair(vocab, seed=3)
+    batch = helpers.encoder_batch(seed=gamma, batch=6, width=7, vocab=vocab)
     greedy = sampling.SamplingConfig(temperature=0.0)
     plain = decoding.autoregressive_decode(
         target, tp, batch, max_decode_len=12, sampling=greedy, eos_id=EOS
@@ -124,7 +86,7 @@ def _chisquare_pvalue(samples, probs) -> float:
 
 def test_sampling_matches_exact_target_distribution():
     vocab, length, rows = 6, 3, 8192
-    target, tp, draft, dp = _target_and_draft(vocab, seed=11)
+    target, tp, draft, dp = helpers.tiny_t5_pair(vocab, seed=11)
     cfg = sampling.SamplingConfig(temperature=1.0)
     encoder_tokens = jnp.asarray([[4, 2, 5, 3, EOS]], jnp.int32)
     batch = {"encoder_input_tokens": jnp.tile(encoder_tokens, (rows, 1))}
@@ -154,9 +116,9 @@ def test_sampling_matches_exact_target_distribution():
 
 
 def test_draft_with_other_vocabulary_is_refused():
-    target, tp, _, _ = _target_and_draft(48, seed=0)
-    other, op, _, _ = _target_and_draft(40, seed=0)
-    batch = _encoder_batch(seed=0, batch=2, width=4, vocab=40)
+    target, tp, _, _ = helpers.tiny_t5_pair(48, seed=0)
+    other, op, _, _ = helpers.tiny_t5_pair(40, seed=0)
+    batch = helpers.encoder_batch(seed=0, batch=2, width=4, vocab=40)
     with pytest.raises(ValueError, match="vocabularies differ in size: draft 40, target 48"):
         decoding.speculative_decode(
             target, tp, other, op, batch, gamma=2, max_decode_len=4, eos_id=EOS

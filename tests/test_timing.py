@@ -6,10 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from speculative import model_loading as ml
 from speculative import timing
-from tests.helpers import tiny_decoder
-from tests.test_t5_decoding import _encoder_batch, _target_and_draft
+from tests.helpers import encoder_batch, tiny_decoder, tiny_t5_pair
 
 
 @pytest.mark.parametrize("length", [1, 3])
@@ -23,8 +21,8 @@ def test_decode_step_time_decoder(length):
 @pytest.mark.parametrize("length", [1, 2])
 def test_decode_step_time_encoder_decoder_from_encoder_tokens_alone(length):
     # The decoder starts from the start token: the batch needs no decoder prompt.
-    target, target_params, _, _ = _target_and_draft(vocab=40, seed=0)
-    batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
+    target, target_params, _, _ = tiny_t5_pair(vocab=40, seed=0)
+    batch = encoder_batch(seed=1, batch=2, width=6, vocab=40)
     seconds = timing.decode_step_time(
         target, target_params, batch, cache_len=10, repeats=1, length=length
     )
@@ -32,11 +30,13 @@ def test_decode_step_time_encoder_decoder_from_encoder_tokens_alone(length):
 
 
 def test_measure_c_encoder_decoder_with_verify_lengths():
-    target, target_params, draft, draft_params = _target_and_draft(vocab=40, seed=0)
-    batch = _encoder_batch(seed=1, batch=2, width=6, vocab=40)
+    target, target_params, draft, draft_params = tiny_t5_pair(vocab=40, seed=0)
+    batch = encoder_batch(seed=1, batch=2, width=6, vocab=40)
     result = timing.measure_c(
-        ml.Loaded(target, target_params, "t5 target"),
-        ml.Loaded(draft, draft_params, "t5 draft"),
+        target,
+        target_params,
+        draft,
+        draft_params,
         batch,
         cache_len=10,
         verify_lengths=[2, 4],

@@ -76,9 +76,21 @@ class LanguageModel(Protocol):
 
     config: Any
     is_encoder_decoder: bool
+    # Token the decoder starts from when it has no prompt (T5: 0); None for decoder-only models.
+    decoder_start_id: int | None
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int | None:
+        """Longest decoder sequence (prompt + generated tokens) the model supports; None: no limit."""
+        ...
+
+    def cache_length(self, prompt_width: int, max_decode_len: int, block: int) -> int:
+        """Static decoder cache length for prompts padded to prompt_width, max_decode_len new
+        tokens and decode blocks of `block` tokens (1 plain, gamma + 1 speculative)."""
+        ...
 
     def init_params(self, rng: jax.Array) -> Params: ...
 
@@ -94,6 +106,7 @@ class ConfiguredModel:
     so that a model can be a static `jax.jit` argument. Subclasses define `make_module`."""
 
     is_encoder_decoder: bool = False
+    decoder_start_id: int | None = None
 
     def __init__(self, config: Any):
         self.config = config
@@ -114,6 +127,16 @@ class ConfiguredModel:
     @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
+
+    @property
+    def max_length(self) -> int | None:
+        return getattr(self.config, "max_seq_len", None)
+
+    def cache_length(self, prompt_width: int, max_decode_len: int, block: int) -> int:
+        # Prompt (decoder-only) + generated tokens + one block of slack: the last round may write a
+        # whole block past the limit before its rows are cut (docs/design.md §2).
+        prompt = 0 if self.is_encoder_decoder else prompt_width
+        return prompt + max_decode_len + block
 
     def extend(
         self, params: Params, state: DecodeState, tokens: jax.Array

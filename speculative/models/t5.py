@@ -415,6 +415,7 @@ class T5(base.ConfiguredModel):
     """Encoder-decoder LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
 
     is_encoder_decoder = True
+    decoder_start_id = 0  # T5X's decoder start token (the pad id)
 
     def make_module(self, config: T5Config) -> T5Module:
         return T5Module(config)
