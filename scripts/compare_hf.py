@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""The peer anchor in one run: our plain and speculative decoding against Hugging Face's plain
+`generate` and assisted generation, same GGUF pair, same prompts, same stop ids, batch 1.
+
+Needs the `[compare]` extra (torch CPU and transformers; the package itself never imports them):
+
+    bash scripts/setup_env.sh compare
+    .venv/bin/python scripts/compare_hf.py --prompts 100:104 --out benchmarks/compare_hf
+
+Every program decodes every prompt before the next prompt starts (interleaved), so drifts in the
+machine's speed hit all of them alike. Load and compile times are reported apart. Greedy outputs of
+every program are compared token for token with Hugging Face's plain greedy output. Hugging Face's
+assisted generation runs with its defaults (a dynamic number of assistant tokens) and with a
+constant `num_assistant_tokens` from --hf_assistant_tokens; the best of them is the anchor.
+Writes compare_hf.json and compare_hf.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import checkpoints, decoding, fetch, inputs, timing, vocab
+from speculative.models import decoder
+from speculative.sampling import SamplingConfig
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+def _parse_range(text: str) -> range:
+    start, _, stop = text.partition(":")
+    return range(int(start), int(stop) if stop else int(start) + 1)
+
+
+class Ours:
+    """Our plain and speculative programs, compiled once for a fixed prompt width."""
+
+    def __init__(self, target_path, draft_path, width, args):
+        start = time.perf_counter()
+        t_cfg, self.t_params = checkpoints.load_gguf(target_path)
+        d_cfg, self.d_params = checkpoints.load_gguf(draft_path)
+        self.target, self.draft = decoder.DecoderLM(t_cfg), decoder.DecoderLM(d_cfg)
+        self.vocab = vocab.from_gguf(target_path)
+        vocab.check_compatible(vocab.from_gguf(draft_path), self.vocab)
+        self.load_s = time.perf_counter() - start
+        self.width, self.args = width, args
+        self.compiled: dict[Any, Any] = {}
+        self.compile_s: dict[str, float] = {}
+
+    def batch(self, ids):
+        return inputs.decoder_batch([ids], pad_to=self.width)
+
+    def run(self, name, gamma, ids, sampling, seed):
+        config = decoding.DecodeConfig(
+            self.args.max_new_tokens, self.vocab.stop_ids(), sampling, gamma
+        )
+        batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
+        key = (name, config)
+        if key not in self.compiled:
+            if gamma is None:
+                fn, args = decoding.autoregressive_loop, (self.target, self.t_params)
+            else:
+                fn = decoding.speculative_loop
+                args = (self.target, self.t_params, self.draft, self.d_params)
+            compiled, seconds = timing.compile_ahead(fn, *args, batch, rng, config=config)
+            self.compile_s[name] = self.compile_s.get(name, 0.0) + seconds
+            self.compiled[key] = compiled
+            timing.block(self._call(key, gamma, batch, rng))  # warm-up, not timed
+        start = time.perf_counter()
+        out = timing.block(self._call(key, gamma, batch, rng))
+        seconds = time.perf_counter() - start
+        n = int(out.lengths[0])
+        tokens = [int(t) for t in np.asarray(out.tokens[0, :n])]
+        stats = {"target_calls": int(out.stats.target_calls[0])}
+        if gamma is not None:
+            stats["alpha"] = float(out.stats.alpha[0])
+            stats["verified"] = int(out.stats.verified[0])
+        return tokens, seconds, stats
+
+    def _call(self, key, gamma, batch, rng):
+        compiled = self.compiled[key]
+        if gamma is None:
+            out = compiled(self.t_params, batch, rng)
+        else:
+            out = compiled(self.t_params, self.d_params, batch, rng)
+        return decoding.check_finite(out, "target")
+
+
+class HuggingFace:
+    """transformers' generate on the same GGUF files (dequantised to float32 by transformers)."""
+
+    def __init__(self, target_path, draft_path, args):
+        import torch
+        import transformers
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        self.torch = torch
+        start = time.perf_counter()
+
+        def load(path):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32
+            ).eval()
+
+        self.target, self.draft = load(target_path), load(draft_path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            target_path.parent, gguf_file=target_path.name
+        )
+        self.load_s = time.perf_counter() - start
+        self.calls = 0
+        self.target.register_forward_hook(lambda *_: self._count())
+        self.args = args
+        self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+
+    def _count(self):
+        self.calls += 1
+
+    def run(self, assistant_tokens, ids, sampling: SamplingConfig, stop_ids, seed, warm):
+        """assistant_tokens: None (plain), "default" or an int (constant schedule)."""
+        torch = self.torch
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=self.args.max_new_tokens,
+            eos_token_id=list(stop_ids),
+            pad_token_id=stop_ids[0],
+        )
+        if sampling.greedy:
+            kwargs.update(do_sample=False)
+        else:  # HF's default top_k is 50: turn it off so both sides sample the same distribution
+            kwargs.update(
+                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0
+            )
+            kwargs.update(top_p=sampling.top_p)
+        if assistant_tokens is not None:
+            kwargs["assistant_model"] = self.draft
+            if assistant_tokens != "default":
+                self.draft.generation_config.num_assistant_tokens = int(assistant_tokens)
+                self.draft.generation_config.num_assistant_tokens_schedule = "constant"
+            else:  # transformers' defaults: start at 20, adapt by the heuristic schedule
+                self.draft.generation_config.num_assistant_tokens = 20
+                self.draft.generation_config.num_assistant_tokens_schedule = "heuristic"
+        prompt = torch.tensor([ids])
+        if not warm:  # one untimed call per program: torch allocates and tunes on first use
+            with torch.no_grad():
+                torch.manual_seed(seed)
+                self.target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+        self.calls = 0
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            start = time.perf_counter()
+            out = self.target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+            seconds = time.perf_counter() - start
+        tokens = out[0, len(ids) :].tolist()
+        # generate pads finished sequences; cut after the first stop id as our decoder does
+        for i, t in enumerate(tokens):
+            if t in stop_ids:
+                tokens = tokens[: i + 1]
+                break
+        return tokens, seconds, {"target_calls": self.calls}
+
+
+def run(args) -> dict[str, Any]:
+    target_path = fetch.ensure_model(TARGET)
+    draft_path = fetch.ensure_model(DRAFT)
+    problems = inputs.humaneval_prompts()
+    chosen = list(_parse_range(args.prompts))
+    hf = HuggingFace(target_path, draft_path, args)
+    ours_vocab = vocab.from_gguf(target_path)
+    prompts = []
+    for i in chosen:
+        ids = ours_vocab.encode(problems[i]["prompt"])
+        hf_ids = hf.tokenizer(problems[i]["prompt"], add_special_tokens=False)["input_ids"]
+        if ids != hf_ids:
+            raise SystemExit(f"HumanEval/{i}: our tokenizer and transformers' disagree")
+        prompts.append(ids)
+    width = inputs.bucket(max(len(p) for p in prompts), 4096)
+    ours = Ours(target_path, draft_path, width, args)
+    stop_ids = ours.vocab.stop_ids()
+    print(
+        f"loaded: ours {ours.load_s:.0f}s, transformers {hf.load_s:.0f}s (apart); "
+        f"prompts HumanEval/{chosen[0]}..{chosen[-1]}, width {width}, stop ids {stop_ids}",
+        flush=True,
+    )
+
+    programs: list[tuple[str, str, Any]] = [("ours plain", "ours", None)]
+    programs += [(f"ours speculative gamma {g}", "ours", g) for g in args.gammas]
+    programs += [("hf plain", "hf", None), ("hf assisted default", "hf", "default")]
+    programs += [(f"hf assisted {n}", "hf", n) for n in args.hf_assistant_tokens]
+    cells = []
+    for temperature in args.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        rows: dict[str, dict[str, Any]] = {
+            name: {"seconds": [], "tokens": [], "target_calls": 0, "beta": 0.0, "verified": 0}
+            for name, _, _ in programs
+        }
+        warm: set[str] = set()
+        for j, ids in enumerate(prompts):
+            for name, side, arg in programs:
+                if side == "ours":
+                    tokens, seconds, stats = ours.run(name, arg, ids, sampling, args.seed + j)
+                else:
+                    tokens, seconds, stats = hf.run(
+                        arg, ids, sampling, stop_ids, args.seed + j, name in warm
+                    )
+                    warm.add(name)
+                r = rows[name]
+                r["seconds"].append(seconds)
+                r["tokens"].append(tokens)
+                r["target_calls"] += stats["target_calls"]
+                r["beta"] += stats.get("alpha", 0.0) * stats.get("verified", 0)
+                r["verified"] += stats.get("verified", 0)
+            print(
+                f"  T={temperature} prompt {chosen[j]}: "
+                + ", ".join(f"{n} {rows[n]['seconds'][-1]:.1f}s" for n, _, _ in programs),
+                flush=True,
+            )
+        cells.append(_summarize(temperature, programs, rows))
+        print(_markdown(cells[-1]), flush=True)
+    return dict(
+        prompts=[f"HumanEval/{i}" for i in chosen],
+        max_new_tokens=args.max_new_tokens,
+        batch_size=1,
+        dtype="float32",
+        stop_ids=list(stop_ids),
+        load_s={"ours": ours.load_s, "hf": hf.load_s},
+        compile_s=ours.compile_s,
+        cells=cells,
+        machine=dict(cpus=os.cpu_count(), platform=platform.platform()),
+        versions=dict(jax=jax.__version__, **hf.versions),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+    )
+
+
+def _summarize(temperature, programs, rows) -> dict[str, Any]:
+    table = {}
+    for name, side, _ in programs:
+        r = rows[name]
+        tokens = sum(len(t) for t in r["tokens"])
+        seconds = sum(r["seconds"])
+        table[name] = dict(
+            side=side,
+            tok_s=tokens / seconds,
+            tokens=tokens,
+            seconds=seconds,
+            median_prompt_s=statistics.median(r["seconds"]),
+            tokens_per_target_call=tokens / max(r["target_calls"], 1),
+            alpha=r["beta"] / r["verified"] if r["verified"] else None,
+        )
+    for entry in table.values():
+        plain = table["ours plain" if entry["side"] == "ours" else "hf plain"]
+        entry["speedup_over_own_plain"] = entry["tok_s"] / plain["tok_s"]
+        entry["speedup_over_hf_plain"] = entry["tok_s"] / table["hf plain"]["tok_s"]
+    hf_assisted = {n: e for n, e in table.items() if n.startswith("hf assisted")}
+    best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
+    ours_spec = {n: e for n, e in table.items() if n.startswith("ours speculative")}
+    best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
+    identical = None
+    if temperature == 0.0:
+        reference = rows["hf plain"]["tokens"]
+        identical = {name: rows[name]["tokens"] == reference for name, _, _ in programs}
+    return dict(
+        temperature=temperature,
+        programs=table,
+        best_hf_assisted=best_hf,
+        best_ours_speculative=best_ours,
+        ours_over_best_hf_assisted=table[best_ours]["tok_s"] / table[best_hf]["tok_s"],
+        greedy_identical_to_hf_plain=identical,
+    )
+
+
+def _markdown(cell: dict[str, Any]) -> str:
+    lines = [
+        f"\nTemperature {cell['temperature']}, batch 1: best ours ({cell['best_ours_speculative']})"
+        f" / best HF assisted ({cell['best_hf_assisted']}) = "
+        f"{cell['ours_over_best_hf_assisted']:.2f}x",
+        "",
+        "| program | tok/s | over own plain | over HF plain | tokens / target call | alpha "
+        "| greedy identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    same = cell["greedy_identical_to_hf_plain"] or {}
+    for name, e in cell["programs"].items():
+        alpha = "" if e["alpha"] is None else f"{e['alpha']:.3f}"
+        lines.append(
+            f"| {name} | {e['tok_s']:.2f} | {e['speedup_over_own_plain']:.2f}x | "
+            f"{e['speedup_over_hf_plain']:.2f}x | {e['tokens_per_target_call']:.2f} | {alpha} | "
+            f"{same.get(name, '')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", default="100:104", help="HumanEval index range, e.g. 0:20")
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--gammas", type=int, nargs="+", default=[5])
+    parser.add_argument("--hf_assistant_tokens", type=int, nargs="+", default=[3, 5, 8])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="benchmarks/compare_hf")
+    args = parser.parse_args()
+    jnp.zeros(())  # initialise JAX before torch starts its threads
+    result = run(args)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare_hf.json").write_text(json.dumps(result, indent=1))
+    (out / "compare_hf.md").write_text("\n".join(_markdown(c) for c in result["cells"]) + "\n")
+    print(f"wrote {out}/compare_hf.json and compare_hf.md")
+
+
+if __name__ == "__main__":
+    main()
