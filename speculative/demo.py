@@ -17,32 +17,19 @@ import dataclasses
 import json
 import pathlib
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, metrics, prompts, timing, vocab
-from speculative import model_loading as ml
+from speculative import checkpoints, decoding, fetch, inputs, metrics, runner, timing, vocab
+from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 
 
-def load(name: str):
-    """(model, params, vocabulary) of a registry model, fetched on first use."""
-    from speculative.models import decoder
-
-    path = fetch.ensure_model(name)
-    start = time.perf_counter()
-    config, params = checkpoints.load_gguf(path, dtype=jnp.float32)
-    print(
-        f"loaded {name}: {config.num_layers} layers, emb {config.emb_dim}, "
-        f"{sum(x.size for x in jax.tree_util.tree_leaves(params)) / 1e9:.2f}B params "
-        f"in {time.perf_counter() - start:.1f}s"
-    )
-    return decoder.DecoderLM(config), params, vocab.from_gguf(path)
-
-
-def main(argv=None) -> dict:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b", choices=sorted(fetch.MODELS))
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", choices=sorted(fetch.MODELS))
@@ -55,142 +42,235 @@ def main(argv=None) -> dict:
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/demo.json")
-    args = parser.parse_args(argv)
-    cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    return parser.parse_args(argv)
 
-    target, target_params, target_vocab = load(args.target)
-    draft, draft_params, draft_vocab = load(args.draft)
-    vocab.check_compatible(draft_vocab, target_vocab)
-    problems = prompts.humaneval_prompts(args.prompts)
-    common = dict(max_decode_len=args.max_decode_len, sampling=cfg, eos_id=target_vocab.stop_ids)
 
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A registry model with its weights and vocabulary."""
+
+    name: str
+    model: decoder.DecoderLM
+    params: Any
+    vocabulary: vocab.Vocabulary
+
+
+def load(name: str) -> Model:
+    """A registry model, fetched on first use."""
+    path = fetch.ensure_model(name)
+    start = time.perf_counter()
+    config, params = checkpoints.load_gguf(path, dtype=jnp.float32)
     print(
-        f"\njax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
-        f"gamma {args.gamma}, {cfg}"
+        f"loaded {name}: {config.num_layers} layers, emb {config.emb_dim}, "
+        f"{sum(x.size for x in jax.tree.leaves(params)) / 1e9:.2f}B params "
+        f"in {time.perf_counter() - start:.1f}s"
     )
-    encoded = [target_vocab.encode(p["prompt"]) for p in problems]
-    width = max(len(ids) for ids in encoded)
-    chunks = [
-        range(i, min(i + args.batch_size, len(problems)))
-        for i in range(0, len(problems), args.batch_size)
+    return Model(name, decoder.DecoderLM(config), params, vocab.from_gguf(path))
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding: every batch by plain, then by speculative decoding.
+
+
+@dataclasses.dataclass
+class Decoded:
+    """The demo's decoding, over every batch.
+
+    rows: one per prompt (task_id, completion, tokens, alpha, tau, identical_to_plain).
+    tokens: generated tokens of every timed row (copies filling a short last batch included).
+    seconds / compile_s: per decoder ("plain", "speculative"), summed over batches.
+    summary: `metrics.summarize` of the prompts' speculative rows.
+    """
+
+    rows: list[dict[str, Any]]
+    tokens: int
+    seconds: dict[str, float]
+    compile_s: dict[str, float]
+    summary: dict[str, Any]
+
+
+def decode_prompts(
+    target: Model,
+    draft: Model,
+    examples: Sequence[inputs.Example],
+    config: decoding.DecodeConfig,
+    batch_size: int,
+    seed: int,
+) -> Decoded:
+    """Decodes the prompts in batches of batch_size, all padded to one width (one compilation per
+    decoder); batch j uses rng PRNGKey(seed + j) for both decoders."""
+    ids = inputs.tokenize(examples, target.vocabulary, encoder_decoder=False)
+    width = max(len(x) for x in ids)
+    members = inputs.consecutive_rows(len(ids), batch_size)
+    batches = [
+        (inputs.decoder_batch([ids[i] for i in rows], pad_to=width), jax.random.PRNGKey(seed + j))
+        for j, rows in enumerate(members)
     ]
-
-    def batch_of(chunk):
-        # A short last chunk is filled with copies of its last prompt (dropped from the results)
-        # so that every chunk has one static shape and reuses one compiled program.
-        ids = [encoded[i] for i in chunk] + [encoded[chunk[-1]]] * (args.batch_size - len(chunk))
-        return inputs.decoder_batch(ids, pad_to=width)
-
-    first = batch_of(chunks[0])
-    rng = jax.random.PRNGKey(args.seed)
-    run_plain, compile_plain = decoding.compile_autoregressive(
-        target, target_params, first, rng=rng, **common
-    )
-    run_spec, compile_spec = decoding.compile_speculative(
-        target, target_params, draft, draft_params, first, gamma=args.gamma, rng=rng, **common
-    )
-    compile_s = {"plain": compile_plain, "speculative": compile_spec}
-    rows, plain_s, spec_s, tokens, all_stats = [], 0.0, 0.0, 0, []
-    for number, chunk in enumerate(chunks):
-        batch, rng = batch_of(chunk), jax.random.PRNGKey(args.seed + number)
-        t0 = time.perf_counter()
-        plain = timing.block(run_plain(batch, rng))
-        plain_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        spec = timing.block(run_spec(batch, rng))
-        spec_s += time.perf_counter() - t0
-        real = len(chunk)
-        tokens += int(np.sum(spec.lengths))  # padding rows are timed too, so count them
-        all_stats.append(
-            (
-                {k: np.asarray(v)[:real] for k, v in spec.stats.items()},
-                np.asarray(spec.lengths)[:real],
-            )
+    decoders = {
+        "plain": runner.Decoder(
+            target.model, target.params, dataclasses.replace(config, gamma=None)
+        ),
+        "speculative": runner.Decoder(
+            target.model, target.params, config, draft.model, draft.params
+        ),
+    }
+    decoded = Decoded([], 0, dict.fromkeys(decoders, 0.0), dict.fromkeys(decoders, 0.0), {})
+    stats, lengths = [], []
+    greedy = config.sampling.greedy
+    for rows, result in zip(members, runner.run_batches(decoders, batches)):
+        real = list(dict.fromkeys(rows))  # the copies filling a short last batch are dropped
+        spec, plain = jax.tree.map(
+            np.asarray, (result.outputs["speculative"], result.outputs["plain"])
         )
-        for i, index in enumerate(chunk):
-            problem = problems[index]
-            n = int(spec.lengths[i])
-            text = target_vocab.decode(spec.tokens[i, :n].tolist(), skip_special_tokens=True)
-            same = bool(np.array_equal(spec.tokens[i], plain.tokens[i]))
-            rows.append(
-                {
-                    "task_id": problem["task_id"],
-                    "completion": text,
-                    "tokens": n,
-                    "alpha": float(spec.stats["alpha"][i]),
-                    "tau": float(spec.stats["tokens_per_call"][i]),
-                    "identical_to_plain": same if cfg.greedy else None,
-                }
-            )
-            print(
-                f"\n=== {problem['task_id']} (alpha {rows[-1]['alpha']:.2f}, "
-                f"tau {rows[-1]['tau']:.2f}"
-                + (f", identical to plain greedy: {same}" if cfg.greedy else "")
-                + ") ===",
-                flush=True,
-            )
-            print(problem["prompt"].rstrip("\n")[-300:] + "\033[1m" + text + "\033[0m", flush=True)
+        decoded.tokens += int(np.sum(spec.lengths))  # copies are timed too, so count them
+        for name in decoders:
+            decoded.seconds[name] += result.seconds[name]
+            decoded.compile_s[name] += result.compile_s.get(name, 0.0)
+        kept = first_rows(spec, len(real))
+        stats.append(kept.stats)
+        lengths.append(kept.lengths)
+        for i, index in enumerate(real):
+            row = completion(examples[index], spec, plain, i, target.vocabulary, greedy)
+            print_completion(examples[index], row)
+            decoded.rows.append(row)
+    decoded.summary = metrics.summarize(metrics.concat_rows(stats), np.concatenate(lengths))
+    return decoded
 
-    stats = {k: np.concatenate([np.asarray(s[k]) for s, _ in all_stats]) for k in all_stats[0][0]}
-    summary = metrics.summarize(stats, np.concatenate([np.asarray(x) for _, x in all_stats]))
-    probe = inputs.decoder_batch([encoded[0]])
-    cache_len = len(encoded[0]) + args.max_decode_len + args.gamma + 1
-    costs = timing.measure_c(
-        ml.Loaded(target, target_params, args.target),
-        ml.Loaded(draft, draft_params, args.draft),
-        probe,
-        cache_len,
-        verify_lengths=[args.gamma + 1],
+
+def first_rows(tree: Any, count: int) -> Any:
+    """The first `count` rows of every array in a pytree (e.g. a DecodeOutput)."""
+    return jax.tree.map(lambda x: x[:count], tree)
+
+
+def completion(
+    example: inputs.Example,
+    spec: decoding.DecodeOutput,
+    plain: decoding.DecodeOutput,
+    row: int,
+    vocabulary: vocab.Vocabulary,
+    greedy: bool,
+) -> dict[str, Any]:
+    """The demo's output row for batch row `row` of the speculative decode (host arrays);
+    identical_to_plain only under greedy decoding, where it must hold."""
+    n = int(spec.lengths[row])
+    same = bool(np.array_equal(spec.tokens[row], plain.tokens[row]))
+    return {
+        "task_id": example.extra["task_id"],
+        "completion": vocabulary.decode(spec.tokens[row, :n].tolist(), skip_special_tokens=True),
+        "tokens": n,
+        "alpha": float(spec.stats.alpha[row]),
+        "tau": float(spec.stats.tokens_per_call[row]),
+        "identical_to_plain": same if greedy else None,
+    }
+
+
+def print_completion(example: inputs.Example, row: dict[str, Any]) -> None:
+    same = row["identical_to_plain"]
+    same = "" if same is None else f", identical to plain greedy: {same}"
+    print(
+        f"\n=== {row['task_id']} (alpha {row['alpha']:.2f}, tau {row['tau']:.2f}{same}) ===",
+        flush=True,
     )
+    prompt = example.inputs.rstrip("\n")[-300:]
+    print(prompt + "\033[1m" + row["completion"] + "\033[0m", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The result: measured speedup beside Thm 3.8 and the cost model.
+
+
+def result_json(
+    args: argparse.Namespace,
+    config: decoding.DecodeConfig,
+    decoded: Decoded,
+    costs: dict[str, Any],
+) -> dict[str, Any]:
+    """demo.json: the run, its pooled statistics, timings and the models' predictions."""
+    gamma, summary = config.gamma, decoded.summary
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
-    t_verify = costs["target_extend_s"][args.gamma + 1]
-    result = {
+    t_verify = costs["target_extend_s"][gamma + 1]
+    plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
+    return {
         "target": args.target,
         "draft": args.draft,
         "batch_size": args.batch_size,
-        "gamma": args.gamma,
-        "sampling": dataclasses.asdict(cfg),
-        "tokens": tokens,
+        "gamma": gamma,
+        "sampling": dataclasses.asdict(config.sampling),
+        "tokens": decoded.tokens,
         "alpha": summary["alpha"],
         "tau": summary["tau"],
         "c": c,
         "target_step_s": t_target,
         "draft_step_s": t_draft,
-        "plain_tok_s": tokens / plain_s,
-        "speculative_tok_s": tokens / spec_s,
+        "plain_tok_s": decoded.tokens / plain_s,
+        "speculative_tok_s": decoded.tokens / spec_s,
         "speedup": plain_s / spec_s,
-        "predicted_speedup": metrics.predicted_speedup(summary["alpha"], args.gamma, c),
+        "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
         "target_verify_s": t_verify,
         "cost_model_speedup": metrics.cost_model_speedup(
-            summary["tau"], args.gamma, t_target, t_draft, t_verify
+            summary["tau"], gamma, t_target, t_draft, t_verify
         ),
         "optimal_gamma": metrics.optimal_gamma(summary["alpha"], c),
-        "compile_s": compile_s,
+        "compile_s": decoded.compile_s,
         "acceptance_by_position": summary["acceptance_by_position"],
-        "rows": rows,
+        "rows": decoded.rows,
     }
+
+
+def print_result(r: dict[str, Any]) -> None:
+    gamma = r["gamma"]
     print(
-        f"\n{args.target} <- draft {args.draft}: {tokens} tokens, batch {args.batch_size}, "
-        f"gamma {args.gamma}"
+        f"\n{r['target']} <- draft {r['draft']}: {r['tokens']} tokens, batch {r['batch_size']}, gamma {gamma}"
     )
     print(
-        f"alpha {summary['alpha']:.3f}   tau {summary['tau']:.2f} tokens/target call   "
-        f"c {c:.3f} (draft step {t_draft * 1e3:.0f} ms / target step {t_target * 1e3:.0f} ms)"
+        f"alpha {r['alpha']:.3f}   tau {r['tau']:.2f} tokens/target call   c {r['c']:.3f} "
+        f"(draft step {r['draft_step_s'] * 1e3:.0f} ms / target step {r['target_step_s'] * 1e3:.0f} ms)"
     )
     print(
-        f"plain {result['plain_tok_s']:.2f} tok/s   speculative {result['speculative_tok_s']:.2f} "
-        f"tok/s   speedup {result['speedup']:.2f}x   (Thm 3.8 predicts "
-        f"{result['predicted_speedup']:.2f}x; optimal gamma {result['optimal_gamma']})"
+        f"plain {r['plain_tok_s']:.2f} tok/s   speculative {r['speculative_tok_s']:.2f} "
+        f"tok/s   speedup {r['speedup']:.2f}x   (Thm 3.8 predicts "
+        f"{r['predicted_speedup']:.2f}x; optimal gamma {r['optimal_gamma']})"
     )
+    verify = r["target_verify_s"]
     print(
-        f"verify call (target scoring {args.gamma + 1} tokens) {t_verify * 1e3:.0f} ms = "
-        f"{t_verify / t_target:.2f} target steps (Thm 3.8 assumes 1); with that cost the model "
-        f"predicts {result['cost_model_speedup']:.2f}x"
+        f"verify call (target scoring {gamma + 1} tokens) {verify * 1e3:.0f} ms = "
+        f"{verify / r['target_step_s']:.2f} target steps (Thm 3.8 assumes 1); with that cost the "
+        f"model predicts {r['cost_model_speedup']:.2f}x"
     )
+    compile_s = r["compile_s"]
     print(
         f"compile (apart): plain {compile_s['plain']:.1f}s, speculative "
         f"{compile_s['speculative']:.1f}s"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    target, draft = load(args.target), load(args.draft)
+    vocab.check_compatible(draft.vocabulary, target.vocabulary)
+    examples = inputs.read_examples("humaneval", limit=args.prompts)
+    config = decoding.DecodeConfig(
+        args.max_decode_len, target.vocabulary.stop_ids, sampling, args.gamma
+    )
+    print(
+        f"\njax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
+        f"gamma {args.gamma}, {sampling}"
+    )
+    decoded = decode_prompts(target, draft, examples, config, args.batch_size, args.seed)
+    # c and the verify cost, on a batch of the first prompt alone.
+    probe = inputs.decoder_batch(inputs.tokenize(examples[:1], target.vocabulary, False))
+    costs = timing.measure_c(
+        target.model,
+        target.params,
+        draft.model,
+        draft.params,
+        probe,
+        config.cache_length(target.model, probe),
+        verify_lengths=[args.gamma + 1],
+    )
+    result = result_json(args, config, decoded, costs)
+    print_result(result)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

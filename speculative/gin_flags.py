@@ -26,12 +26,10 @@ from typing import Any
 
 import gin
 
+from speculative.errors import JobError
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 _REQUIRED_MACRO = re.compile(r"^([A-Za-z_][\w.]*)\s*=\s*%gin\.REQUIRED\s*$", re.MULTILINE)
-
-
-class JobError(Exception):
-    """A configuration or input problem the user can fix; jobs print it without a traceback."""
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
@@ -85,13 +83,15 @@ def missing_required_macros() -> list[str]:
 def parse_gin(
     gin_files: Sequence[str], bindings: Sequence[str] = (), search_paths: Sequence[str] = ()
 ) -> None:
-    """Clears gin, registers every configurable the jobs know, parses files then bindings.
+    """Clears gin, then parses files then bindings.
+
+    Only configurables already registered can be bound: a job imports the modules that register
+    what its configs use (e.g. `speculative.job_config`, `speculative.configurables`) before this.
 
     Raises:
       JobError: unknown configurable or parameter, unreadable file, syntax error, or a macro left
         at %gin.REQUIRED (all named in the message).
     """
-    register_configurables()
     gin.clear_config()
     for path in ["."] + list(search_paths) + [str(REPO_ROOT)]:
         gin.add_config_file_search_path(path)
@@ -110,13 +110,6 @@ def parse_gin(
         gin.finalize()
     except (ValueError, TypeError) as e:
         raise JobError(f"gin config: {e}") from e
-
-
-def register_configurables() -> None:
-    """Imports the modules whose gin registrations job configs may use (idempotent)."""
-    import speculative.configurables  # noqa: F401  t5.*, decoder.*, sampling.*
-    import speculative.job_config  # noqa: F401  speculative.InferConfig, BenchmarkConfig, tasks
-    import speculative.model_loading  # noqa: F401  speculative.ModelSpec, VocabSpec
 
 
 def configure_and_run(

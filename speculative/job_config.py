@@ -2,7 +2,8 @@
 
 Kept apart from the job modules so that `python -m speculative.infer` (which runs infer.py as
 __main__) never registers a configurable twice, and so that configs can be built and checked
-without importing any job code. Building these dataclasses reads no weights.
+without importing any job code. Importing this module registers everything a job config binds.
+Building these dataclasses reads no weights.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 
 import gin
 
-from speculative.gin_flags import JobError
+# Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.* and
+# speculative.ModelSpec / VocabSpec, so every job that parses a config imports this module.
+from speculative import configurables, inputs, model_loading  # noqa: F401
 from speculative.sampling import SamplingConfig
-
-SEQIO_INSTALL = "pip install 'speculative[seqio]'  (or: pip install .[seqio] in the repository)"
 
 
 @gin.configurable(module="speculative")
@@ -64,14 +65,8 @@ class InferConfig:
 
 def seqio_tasks_module():
     """speculative.seqio_tasks, or a JobError saying how to install seqio."""
-    try:
-        return importlib.import_module("speculative.seqio_tasks")
-    except ImportError as e:
-        if "seqio" not in str(e) and "tensorflow" not in str(e):
-            raise
-        raise JobError(
-            f"a seqio Task/Mixture needs the seqio extra, which is missing ({e}): {SEQIO_INSTALL}"
-        ) from e
+    inputs.require_seqio()
+    return importlib.import_module("speculative.seqio_tasks")
 
 
 @gin.configurable(module="speculative")

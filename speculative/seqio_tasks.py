@@ -1,7 +1,8 @@
-"""seqio Tasks for the jobs: the paper's Table 2 datasets and local TSV files.
+"""seqio Task definitions for the jobs: the paper's Table 2 datasets and local TSV files.
 
 Imported only when seqio is installed (`pip install .[seqio]`); the jobs reach it through
 `speculative.job_config.seqio_tasks_module`, which explains how to install seqio when it is missing.
+Reading a registered Task's examples is `speculative.inputs.read_task`.
 
 Table 2 tasks (TFDS sources; need TFDS data access, e.g. a Cloud TPU VM with gs://tfds-data or a
 prepared TFDS_DATA_DIR), with T5's preprocessing written out here (the `t5` package is not needed):
@@ -19,8 +20,6 @@ from collections.abc import Mapping
 
 import seqio
 import tensorflow as tf
-
-from speculative.job_io import Example
 
 T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 WMT_ENDE = "speculative_wmt_t2t_ende"
@@ -106,31 +105,3 @@ def add_paper_tasks(vocab: str = T5_VOCABULARY) -> tuple[str, str]:
         output_features=features,
     )
     return wmt, cnn
-
-
-def task_examples(
-    name: str, split: str, feature_lengths: Mapping[str, int], limit: int | None
-) -> list[Example]:
-    """The first `limit` examples of a registered Task/Mixture split, in dataset order (no shuffle).
-
-    ids are seqio's token ids of "inputs" (trimmed to feature_lengths["inputs"] - 1, then EOS).
-    """
-    task = seqio.get_mixture_or_task(name)
-    dataset = task.get_dataset(
-        sequence_length=dict(feature_lengths), split=split, shuffle=False, num_epochs=1
-    )
-    if limit is not None:
-        dataset = dataset.take(limit)
-    examples = []
-    for i, ex in enumerate(dataset.as_numpy_iterator()):
-        text = ex.get("inputs_pretokenized", b"")
-        targets = ex.get("targets_pretokenized")
-        examples.append(
-            Example(
-                index=i,
-                inputs=text.decode("utf-8") if isinstance(text, bytes) else str(text),
-                targets=targets.decode("utf-8") if isinstance(targets, bytes) else None,
-                ids=tuple(int(t) for t in ex["inputs"]),
-            )
-        )
-    return examples

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 
@@ -18,7 +19,7 @@ import gin
 import pytest
 
 from speculative import configurables, gin_flags, job_config, model_loading
-from speculative.gin_flags import JobError
+from speculative.errors import JobError
 from speculative.models import decoder, t5
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -146,8 +147,8 @@ def test_paper_rows(key, gamma):
     xxl = _isolated_model("configs/models/t5_1_1/xxl.gin").config
     draft_size = _isolated_model(f"configs/models/t5_1_1/{size}.gin").config
     gin.clear_config()
-    assert cfg.target.model.config == t5.T5Config(**{**vars(xxl), "dtype": "bfloat16"})
-    assert cfg.draft.model.config == t5.T5Config(**{**vars(draft_size), "dtype": "bfloat16"})
+    assert cfg.target.model.config == dataclasses.replace(xxl, dtype="bfloat16")
+    assert cfg.draft.model.config == dataclasses.replace(draft_size, dtype="bfloat16")
     assert (cfg.gamma, cfg.sampling.temperature, cfg.batch_size) == (gamma, temperature, 1)
     assert cfg.speculative and cfg.mixture_or_task_name == TASKS[dataset]
     assert cfg.input_file is None and cfg.task_setup is not None

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import benchmark, metrics
-from speculative.models import decoder
+from speculative import benchmark, benchmark_report, memory, metrics, partitioning
+from speculative import model_loading as ml
+from tests.helpers import tiny_decoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -76,34 +77,35 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             assert p["plain_compile_s"] > 0 and p["speculative_compile_s"] > 0
             assert p["greedy_identical_to_plain"] is True  # temperature 0
             assert p["speculative_tokens"] == p["plain_tokens"]
-    for name in ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png"):
+    for name in benchmark_report.PLOTS:
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
-    table = benchmark.markdown_table(result)
+    table = benchmark_report.markdown_table(on_disk)  # the report reads the JSON alone
     assert table.count("\n") == 2 + 2 - 1  # header, rule, one row per gamma
+
+
+class _Recorder:
+    """A program that records its compilations and runs (returns the batch's tokens)."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def compile(self, batch, rng):
+        self.calls.append(("compile", self.name, batch["prompt"].shape[1]))
+
+        def run(b, r):
+            self.calls.append(("run", self.name, b["prompt"].shape[1]))
+            return b["prompt"]
+
+        return run, 0.5
 
 
 def test_interleaved_timings_compile_once_per_width_and_run_in_batch_order():
     calls = []
-
-    def compiler(name):
-        def compile_fn(batch, rng):
-            width = batch["prompt"].shape[1]
-            calls.append(("compile", name, width))
-
-            def run(b, r):
-                calls.append(("run", name, b["prompt"].shape[1]))
-                return b["prompt"]
-
-            return run, 0.5
-
-        return compile_fn
-
     batches = [{"prompt": np.zeros((1, w), np.int32)} for w in (8, 8, 16, 8)]
     rngs = [jax.random.PRNGKey(j) for j in range(4)]
-    result = benchmark.interleaved_timings(
-        {"a": compiler("a"), "b": compiler("b")}, batches, rngs, repeats=2
-    )
+    programs = {"a": _Recorder("a", calls), "b": _Recorder("b", calls)}
+    result = benchmark.interleaved_timings(programs, batches, rngs, repeats=2)
     assert [c for c in calls if c[0] == "compile"] == [
         ("compile", "a", 8),
         ("compile", "b", 8),
@@ -113,30 +115,42 @@ def test_interleaved_timings_compile_once_per_width_and_run_in_batch_order():
     timed_runs = [c[1:] for c in calls if c[0] == "run"]
     # Per batch: a's warm-up on a new width, a twice, then b likewise; a and b alternate batches.
     assert timed_runs[:6] == [("a", 8)] * 3 + [("b", 8)] * 3
-    assert result["a"]["compile_s"] == 1.0 and len(result["a"]["batch_seconds"]) == 4
-    assert result["a"]["tokens"] == 0  # not a DecodeOutput: no tokens counted
+    assert timed_runs[6:10] == [("a", 8)] * 2 + [("b", 8)] * 2  # a seen width: no warm-up
+    assert result["a"].compile_s == 1.0 and len(result["a"].batch_seconds) == 4
+    assert result["a"].seconds == pytest.approx(sum(result["a"].batch_seconds))
+    assert result["a"].tokens == 0 and result["a"].outputs == []  # not a DecodeOutput
 
 
-def test_cycled_batches_cover_every_input_in_order():
-    ids = [[1], [2], [3]]
-    assert benchmark.cycled_batches(ids, 2) == [[[1], [2]], [[3], [1]]]
-    assert benchmark.cycled_batches(ids, 4) == [[[1], [2], [3], [1]]]
-    assert benchmark.cycled_batches(ids, 1) == [[[1]], [[2]], [[3]]]
-
-
-def test_memory_estimate_scales_with_batch_and_cache():
-    model = decoder.DecoderLM(
-        decoder.DecoderConfig(
-            vocab_size=1000,
-            emb_dim=64,
-            num_layers=3,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=16,
-            mlp_dim=128,
-        )
+def _setup(width: int) -> benchmark.Setup:
+    target = ml.Loaded(
+        *tiny_decoder(vocab=1000, emb=64, layers=3, heads=4, kv_heads=2, seed=0), "t"
     )
-    one = benchmark.estimated_bytes([model], 1, 100, 5)
-    kv = 2 * 3 * 100 * 2 * 16 * 4  # k and v, layers, cache, kv heads, head dim, float32
-    assert one == kv + 8 * 5 * 1000 * 4
-    assert benchmark.estimated_bytes([model, model], 4, 100, 5) == 2 * 4 * kv + 4 * 8 * 5 * 1000 * 4
+    draft = ml.Loaded(*tiny_decoder(vocab=1000, emb=32, layers=1, heads=4, kv_heads=2, seed=1), "d")
+    return benchmark.Setup(target, draft, (1,), 1, [[5] * width], width)
+
+
+def test_memory_check_uses_the_memory_model_beyond_the_loaded_weights(monkeypatch):
+    setup = _setup(width=16)
+    cfg = benchmark.BenchmarkConfig(
+        target=None,
+        draft=None,
+        vocabulary=None,
+        output_dir="/unused",
+        gammas=(2, 5),
+        feature_lengths={"inputs": 16, "targets": 8},
+    )
+    mesh = {"data": 1, "model": 1}
+
+    def need(batch_size):  # caches of both models and the workspace, at the largest gamma
+        args = (batch_size, 16, 8, 5)
+        return (
+            memory.state_bytes(setup.target.model, partitioning.TARGET_RULES, mesh, *args)
+            + memory.state_bytes(setup.draft.model, partitioning.DRAFT_RULES, mesh, *args)
+            + memory.workspace_bytes(setup.target.model, mesh, batch_size, 16, 5)
+        )
+
+    assert need(4) == pytest.approx(4 * need(1), rel=0.01)  # everything scales with the batch
+    monkeypatch.setattr(benchmark, "available_bytes", lambda: int(need(4) / 0.8) + 1)
+    assert benchmark.memory_shortfall(setup, cfg, 4) is None
+    reason = benchmark.memory_shortfall(setup, cfg, 5)
+    assert reason.startswith("estimated ") and "> 80% of available" in reason

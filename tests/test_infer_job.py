@@ -18,7 +18,7 @@ import time
 import pytest
 
 from speculative import gin_flags, infer, job_io
-from speculative.gin_flags import JobError
+from speculative.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
@@ -222,17 +222,48 @@ def test_result_store_truncates_torn_line_and_rejects_corruption(tmp_path):
         job_io.ResultStore(str(tmp_path), {"job": 1})
 
 
-def test_tsv_inputs_and_malformed_tsv(tmp_path):
-    tsv = tmp_path / "pairs.tsv"
-    tsv.write_text("Good morning.\tGuten Morgen.\n\nThank you.\n")
-    examples = job_io.read_examples(str(tsv))
-    assert [(e.index, e.inputs, e.targets) for e in examples] == [
-        (0, "Good morning.", "Guten Morgen."),
-        (1, "Thank you.", None),
+def _spec_row(index, alpha, accepted_at, verified_at, length):
+    return {
+        "index": index,
+        "length": length,
+        "target_calls": sum(verified_at) // 2 + 1,
+        "alpha": alpha,
+        "accepted": sum(accepted_at),
+        "drafted": 2 * (sum(verified_at) // 2 + 1),
+        "draft_calls": 2 * (sum(verified_at) // 2 + 1),
+        "verified": sum(verified_at),
+        "accepted_at": accepted_at,
+        "verified_at": verified_at,
+    }
+
+
+def test_summary_pools_alpha_over_verified_positions_and_running_pool_agrees():
+    rows = [
+        _spec_row(0, 1.0, [3, 2], [3, 3], 9),
+        _spec_row(1, 0.25, [1, 0], [4, 1], 4),
+        _spec_row(2, 0.5, [0, 0], [2, 0], 3),
     ]
-    tsv.write_text("a\tb\nc\td\te\n")
-    with pytest.raises(JobError, match=r"pairs\.tsv:2: expected 1 or 2 tab-separated columns"):
-        job_io.read_examples(str(tsv))
+    s = infer.summarize_rows(rows)
+    assert s["examples"] == 3 and s["tokens"] == 16
+    assert s["alpha"] == pytest.approx((1.0 * 6 + 0.25 * 5 + 0.5 * 2) / 13)
+    assert s["acceptance_by_position"] == pytest.approx([4 / 9, 2 / 4])
+    assert (s["accepted"], s["tau"]) == (6, 16 / s["target_calls"])
+    # The progress bar's running pool, one batch at a time, equals pooling every row at once.
+    running = infer.pool_rows(rows[:1])
+    running = infer.pool_rows([running] + rows[1:2])
+    running = infer.pool_rows([running] + rows[2:])
+    assert running["alpha"] == pytest.approx(s["alpha"])
+    assert running["length"] == s["tokens"] and running["accepted"] == s["accepted"]
+    plain = [
+        {"index": 0, "length": 5, "target_calls": 5},
+        {"index": 1, "length": 2, "target_calls": 2},
+    ]
+    assert infer.summarize_rows(plain) == {
+        "examples": 2,
+        "tokens": 7,
+        "target_calls": 7,
+        "tau": 1.0,
+    }
 
 
 def test_gin_flag_rewriting_repeatable_files_and_search_paths(tmp_path):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, fetch, metrics, prompts, vocab
+from speculative import decoding, fetch, inputs, metrics, vocab
 from speculative.checkpoints import load_gguf
 from speculative.models.decoder import DecoderLM
 from speculative.sampling import SamplingConfig
@@ -225,7 +225,7 @@ def test_qwen_tokenizer_matches_transformers(qwen_paths, qwen_vocab):
     transformers = pytest.importorskip("transformers")
     path = qwen_paths[0]
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    texts = TEXTS + [p["prompt"] for p in prompts.humaneval_prompts(limit=20)]
+    texts = TEXTS + [p["prompt"] for p in inputs.humaneval_prompts(limit=20)]
     for text in texts:
         ids = qwen_vocab.encode(text)
         assert ids == tok(text, add_special_tokens=False)["input_ids"], text
@@ -239,7 +239,7 @@ def test_qwen_tokenizer_matches_transformers(qwen_paths, qwen_vocab):
 def test_qwen_speculative_greedy_equals_plain_greedy(qwen_target, qwen_draft, qwen_vocab):
     target, target_params, _, _ = qwen_target
     draft, draft_params = qwen_draft
-    problems = prompts.humaneval_prompts(limit=10)
+    problems = inputs.humaneval_prompts(limit=10)
     batch = batch_of([qwen_vocab.encode(p["prompt"]) for p in problems])
     common = dict(max_decode_len=128, sampling=SamplingConfig(), eos_id=qwen_vocab.eos_id)
     start = time.perf_counter()

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from speculative import infer
-from speculative.gin_flags import JobError
+from speculative.errors import JobError
 from speculative.job_config import seqio_tasks_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,0 +1,166 @@
+"""Reporting of the benchmark job's result (benchmark.json): the markdown table, the printed
+summary and the three plots. Everything here reads the JSON form only, so a committed
+benchmark.json can be rendered again without running anything.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from speculative import metrics
+
+PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
+
+
+def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup, tok/s."""
+    rows = []
+    for cell in result["cells"]:
+        for p in cell["points"]:
+            rows.append(
+                {
+                    "batch": cell["batch_size"],
+                    "T": _sampling_label(cell),
+                    "gamma": p["gamma"],
+                    "alpha": p["alpha"],
+                    "tau": p["tau"],
+                    "c": cell["c"],
+                    "speedup": p["speedup"],
+                    "decode_speedup": p.get("decode_speedup", float("nan")),
+                    "predicted": p["predicted_speedup"],
+                    "cost_model": p.get("cost_model_speedup", float("nan")),
+                    "plain_tok_s": p["plain_tok_s"],
+                    "spec_tok_s": p["speculative_tok_s"],
+                }
+            )
+    return rows
+
+
+def _sampling_label(cell: Mapping[str, Any]) -> str:
+    """ "0" (greedy), "1", or "1, top-p 0.95" / "1, top-k 40" when those filters were on."""
+    label = f"{cell['temperature']:g}"
+    if cell["temperature"] > 0 and cell.get("top_k", 0):
+        label += f", top-k {cell['top_k']}"
+    if cell["temperature"] > 0 and cell.get("top_p", 1.0) < 1.0:
+        label += f", top-p {cell['top_p']:g}"
+    return label
+
+
+def markdown_table(result: Mapping[str, Any]) -> str:
+    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s |\n"
+    head += (
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    )
+    lines = [
+        f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
+        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
+        for r in table_rows(result)
+    ]
+    return head + "\n".join(lines)
+
+
+def print_table(result: Mapping[str, Any]) -> None:
+    print(f"\n{result['target']}\n  draft {result['draft']}\n")
+    print(markdown_table(result))
+    for cell in result["cells"]:
+        print(
+            f"batch {cell['batch_size']}, T {_sampling_label(cell)}: alpha {cell['alpha']:.3f}, "
+            f"c {cell['c']:.3f} -> optimal gamma (Thm 3.8) {cell['optimal_gamma']}"
+        )
+    floor = result.get("stream_floor_s_per_step")
+    for cell in result["cells"]:
+        if cell["batch_size"] == 1 and floor:
+            print(
+                f"batch 1, T {_sampling_label(cell)}: plain {1e3 * cell['plain_s_per_token']:.0f} ms "
+                f"per token (prefill included) vs weight-streaming floor {1e3 * floor:.0f} ms"
+            )
+    for s in result["skipped"]:
+        print(f"batch {s['batch_size']} skipped: {s['reason']}")
+
+
+def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Writes the three PNGs of PLOTS into out_dir; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = result["cells"]
+    temps = sorted({c["temperature"] for c in cells})
+    paths = []
+    for name, draw in zip(PLOTS, (_speedup_vs_gamma, _speedup_vs_batch)):
+        fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+        for ax, T in zip(axes[0], temps):
+            draw(ax, [c for c in cells if c["temperature"] == T])
+            ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set(title=f"temperature {T:g}")
+            ax.legend(fontsize=7)
+        paths.append(_save(fig, out_dir / name))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _acceptance_by_position(ax, cells, temps)
+    paths.append(_save(fig, out_dir / PLOTS[2]))
+    return paths
+
+
+def _speedup_vs_gamma(ax, cells: list[Mapping[str, Any]]) -> None:
+    """Measured speedups (dots) and the Thm 3.8 curve (dashed) of each batch size."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, cell in enumerate(cells):
+        color, label = f"C{i}", f"B={cell['batch_size']}"
+        gammas = [p["gamma"] for p in cell["points"]]
+        speedups = [p["speedup"] for p in cell["points"]]
+        ax.plot(gammas, speedups, "o", color=color, label=f"{label} measured")
+        grid = np.arange(1, max(gammas) + 1)
+        predicted = [metrics.predicted_speedup(cell["alpha"], int(g), cell["c"]) for g in grid]
+        theorem = f"{label} Thm 3.8 (α={cell['alpha']:.2f}, c={cell['c']:.2f})"
+        ax.plot(grid, predicted, "--", color=color, label=theorem)
+    ax.set(xlabel="γ", ylabel="speedup over plain decoding")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _speedup_vs_batch(ax, cells: list[Mapping[str, Any]]) -> None:
+    """Measured speedup against batch size, one line per gamma."""
+    cells = sorted(cells, key=lambda c: c["batch_size"])
+    for gamma in sorted({p["gamma"] for c in cells for p in c["points"]}):
+        xs, ys = [], []
+        for cell in cells:
+            for p in cell["points"]:
+                if p["gamma"] == gamma:
+                    xs.append(cell["batch_size"])
+                    ys.append(p["speedup"])
+        ax.plot(xs, ys, "o-", label=f"γ={gamma}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="measured speedup")
+
+
+def _acceptance_by_position(ax, cells: list[Mapping[str, Any]], temps: list[float]) -> None:
+    """Per temperature: acceptance per draft position at the smallest batch and largest gamma."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, T in enumerate(temps):
+        cell = min((c for c in cells if c["temperature"] == T), key=lambda c: c["batch_size"])
+        point = max(cell["points"], key=lambda p: p["gamma"])
+        positions = np.arange(1, point["gamma"] + 1)
+        label = f"T={T:g}, γ={point['gamma']}, B={cell['batch_size']}"
+        ax.plot(positions, point["acceptance_by_position"], "o-", color=f"C{i}", label=label)
+        alpha = f"T={T:g} α={point['alpha']:.2f}"
+        ax.axhline(point["alpha"], color=f"C{i}", ls=":", lw=1, label=alpha)
+    ax.set(
+        xlabel="draft position i", ylabel="P(accept x_i | x_1..x_{i-1} accepted)", ylim=(0, 1.05)
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,148 @@
+"""The batch loop the jobs share: programs compiled ahead of time once per batch shape, then run on
+every batch, timed with the compilation apart.
+
+A program is plain or speculative decoding bound to its weights and `DecodeConfig` (`Decoder`), or
+the prefill alone (`Prefill`, which the benchmark times to report decode-only speedups); anything
+with `compile(batch, rng) -> (run(batch, rng), seconds)` will do. `run_batches` runs every program
+on batch j before batch j + 1, so drifting machine load hits them all alike, and yields one
+`BatchRun` per batch; the caller writes, prints or pools it (the inference job appends rows to its
+output, the demo prints completions, the benchmark takes medians).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+import jax
+
+from speculative import decoding, inputs, timing
+from speculative.models.base import LanguageModel
+
+Batch = dict[str, jax.Array]
+Run = Callable[[Batch, jax.Array], Any]
+
+
+class Program(Protocol):
+    def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
+        """(run(batch, rng) for every batch shaped like `batch`, seconds the compilation took)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Decoder:
+    """Decoding of `target` by `config`: speculative with a draft (config.gamma set), else plain."""
+
+    target: LanguageModel
+    target_params: Any
+    config: decoding.DecodeConfig
+    draft: LanguageModel | None = None
+    draft_params: Any = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None
+
+    def validate(self, batch: Batch) -> None:
+        """Raises ValueError when `batch` cannot be decoded (as `speculative_decode` would)."""
+        decoding.validate_batch(self.target, batch, self.config)
+        if self.speculative:
+            decoding.check_pair(self.target, self.draft)
+            decoding.validate_batch(self.draft, batch, self.config)
+
+    def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
+        self.validate(batch)
+        if self.speculative:
+            compiled, seconds = timing.compile_ahead(
+                decoding.speculative_loop,
+                self.target,
+                self.target_params,
+                self.draft,
+                self.draft_params,
+                batch,
+                rng,
+                config=self.config,
+            )
+            params = (self.target_params, self.draft_params)
+        else:
+            compiled, seconds = timing.compile_ahead(
+                decoding.autoregressive_loop,
+                self.target,
+                self.target_params,
+                batch,
+                rng,
+                config=self.config,
+            )
+            params = (self.target_params,)
+
+        which = "target" if self.speculative else "model"
+
+        def run(batch: Batch, rng: jax.Array) -> decoding.DecodeOutput:
+            return decoding.check_finite(compiled(*params, batch, rng), which)
+
+        return run, seconds
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prefill:
+    """The prefill alone of `model` (what every decode of a batch pays before its first token)."""
+
+    model: LanguageModel
+    params: Any
+    config: decoding.DecodeConfig
+
+    def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
+        cache_len = self.config.cache_length(self.model, batch)
+        fn = jax.jit(lambda params, b: decoding.prefill(self.model, params, b, cache_len))
+        compiled, seconds = timing.compile_ahead(fn, self.params, batch)
+        return (lambda b, _rng: compiled(self.params, b)), seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRun:
+    """One batch through every program.
+
+    outputs: program -> its result on the batch (a DecodeOutput for a `Decoder`), last repeat.
+    seconds: program -> wall seconds of one run (the median over repeats), compilation excluded.
+    compile_s: program -> seconds spent compiling it for this batch; only programs that met the
+      batch's shape for the first time are present.
+    """
+
+    outputs: dict[Hashable, Any]
+    seconds: dict[Hashable, float]
+    compile_s: dict[Hashable, float]
+
+
+def run_batches(
+    programs: Mapping[Hashable, Program],
+    batches: Iterable[tuple[Batch, jax.Array]],
+    repeats: int = 1,
+    warmup: bool = False,
+) -> Iterator[BatchRun]:
+    """Runs every program on each (batch, rng) in turn; yields a `BatchRun` per batch.
+
+    Each program is compiled once per batch shape [B, W], on first use; with warmup, it is then
+    run once untimed (first-run costs kept out of the timings). Each timed run ends with the
+    outputs on the device (one host sync per run).
+    """
+    compiled: dict[tuple[Hashable, tuple[int, ...]], Run] = {}
+    for batch, rng in batches:
+        shape = tuple(inputs.input_tokens(batch).shape)
+        outputs, seconds, compile_s = {}, {}, {}
+        for name, program in programs.items():
+            if (name, shape) not in compiled:
+                run, compile_s[name] = program.compile(batch, rng)
+                if warmup:
+                    timing.block(run(batch, rng))
+                compiled[name, shape] = run
+            run = compiled[name, shape]
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                outputs[name] = timing.block(run(batch, rng))
+                times.append(time.perf_counter() - start)
+            seconds[name] = statistics.median(times)
+        yield BatchRun(outputs, seconds, compile_s)
