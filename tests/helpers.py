@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,3 +221,19 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], probs: dict[tuple[int, ...
 def rows_as_sequences(tokens, lengths) -> list[tuple[int, ...]]:
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     return [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
+
+
+def t5_1_1_small(**overrides) -> t5.T5:
+    """T5 v1.1 small as released (configs/models/t5_1_1/small.gin), with `overrides` of T5Config
+    fields; no weights."""
+    config = t5.T5Config(
+        vocab_size=32128,
+        emb_dim=512,
+        num_heads=6,
+        num_encoder_layers=8,
+        num_decoder_layers=8,
+        head_dim=64,
+        mlp_dim=1024,
+        mlp_activations=("gelu", "linear"),
+    )
+    return t5.T5(dataclasses.replace(config, **overrides))

@@ -11,6 +11,7 @@ import pytest
 
 from speculative import configurables
 from speculative.models import t5
+from tests.helpers import t5_1_1_small
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted((ROOT / "configs" / "models").rglob("*.gin"))
@@ -84,17 +85,5 @@ def test_bindings_override_and_configs_compare_equal():
         )
     finally:
         gin.clear_config()
-    direct = t5.T5(
-        t5.T5Config(
-            vocab_size=32128,
-            emb_dim=512,
-            num_heads=6,
-            num_encoder_layers=8,
-            num_decoder_layers=2,
-            head_dim=64,
-            mlp_dim=1024,
-            mlp_activations=("gelu", "linear"),
-            dtype="bfloat16",
-        )
-    )
+    direct = t5_1_1_small(num_decoder_layers=2, dtype="bfloat16")
     assert model == direct and hash(model) == hash(direct)
