@@ -101,8 +101,12 @@ def _axis_size(entry: Any, mesh_shape: Mapping[str, int]) -> int:
     return math.prod(mesh_shape[n] for n in names)
 
 
-def _is_spec(x: Any) -> bool:
+def is_spec(x: Any) -> bool:
+    """True for a PartitionSpec: the `is_leaf` that keeps specs whole in tree maps over axes."""
     return isinstance(x, PartitionSpec)
+
+
+_is_spec = is_spec  # the old private name, until its last callers move to is_spec
 
 
 def check_divisible(
@@ -114,7 +118,7 @@ def check_divisible(
       shapes: tree of arrays / ShapeDtypeStructs; logical: the same tree of logical PartitionSpecs.
       what: the owner, for the message (e.g. "target DecoderLM").
     """
-    flat_specs = jax.tree_util.tree_flatten_with_path(logical, is_leaf=_is_spec)[0]
+    flat_specs = jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)[0]
     flat_shapes = jax.tree_util.tree_leaves(shapes)
     for (path, spec), leaf in zip(flat_specs, flat_shapes, strict=True):
         mesh_spec = mesh_axes(spec, rules)
@@ -220,7 +224,7 @@ class Partitioner:
 
     def _shardings(self, logical_tree: Any, rules: Rules) -> Any:
         return jax.tree_util.tree_map(
-            lambda s: self.sharding(s, rules), logical_tree, is_leaf=_is_spec
+            lambda s: self.sharding(s, rules), logical_tree, is_leaf=is_spec
         )
 
     # -- parameters --------------------------------------------------------------------------
