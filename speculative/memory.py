@@ -55,7 +55,7 @@ def array_bytes_per_device(
 
 
 def _tree_bytes(shapes: Any, logical: Any, rules, mesh_shape, dtype=None) -> int:
-    specs = jax.tree_util.tree_leaves(logical, is_leaf=partitioning._is_spec)
+    specs = jax.tree_util.tree_leaves(logical, is_leaf=partitioning.is_spec)
     leaves = jax.tree_util.tree_leaves(shapes)
     return sum(
         array_bytes_per_device(

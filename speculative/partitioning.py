@@ -106,7 +106,6 @@ def is_spec(x: Any) -> bool:
     return isinstance(x, PartitionSpec)
 
 
-_is_spec = is_spec  # the old private name, until its last callers move to is_spec
 
 
 def check_divisible(
