@@ -106,8 +106,6 @@ def is_spec(x: Any) -> bool:
     return isinstance(x, PartitionSpec)
 
 
-
-
 def check_divisible(
     shapes: Any, logical: Any, rules: Rules, mesh_shape: Mapping[str, int], what: str
 ) -> None:
