@@ -1,4 +1,4 @@
-"""T5X-style gin flags shared by the jobs (`speculative.infer`, `speculative.benchmark`).
+"""T5X-style command-line flags turned into gin (as T5X's `gin_utils`); used by the gin jobs.
 
     python -m speculative.infer --gin_file=configs/runs/infer.gin --gin_file=my_models.gin \
         --gin.TARGET_CHECKPOINT="'/ckpt'" --gin_bindings="speculative.InferConfig.batch_size = 4" \
@@ -12,7 +12,9 @@
   `include 'configs/models/t5_1_1/xxl.gin'` works from anywhere.
 - Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
 
-No absl: plain argparse, so the jobs also run where absl is not installed.
+This module knows no job and registers no configurable: a job imports the modules whose
+configurables its gin files bind (e.g. `speculative.job_config`) before parsing. No absl: plain
+argparse, so the jobs also run where absl is not installed.
 """
 
 from __future__ import annotations
