@@ -45,7 +45,7 @@ def test_logical_axes_cover_every_parameter():
 
 
 def _hf_to_ours(state_dict, config: decoder.DecoderConfig):
-    """Maps a transformers LLaMA/Qwen2 state dict (Linear weights are [out, in]) to our tree."""
+    """Maps a transformers LLaMA/Qwen2 state dict to our tree (both store Linear weights [out, in])."""
     sd = {k: v.detach().numpy() for k, v in state_dict.items()}
     e, h, k, d = config.emb_dim, config.num_heads, config.num_kv_heads, config.head_dim
     params = {
@@ -53,14 +53,14 @@ def _hf_to_ours(state_dict, config: decoder.DecoderConfig):
         "decoder_norm": {"scale": sd["model.norm.weight"]},
     }
     if not config.tie_word_embeddings:
-        params["logits_dense"] = {"kernel": sd["lm_head.weight"].T}
+        params["logits_dense"] = {"kernel": sd["lm_head.weight"]}
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         attn = {
-            "query": {"kernel": sd[p + "self_attn.q_proj.weight"].T.reshape(e, h, d)},
-            "key": {"kernel": sd[p + "self_attn.k_proj.weight"].T.reshape(e, k, d)},
-            "value": {"kernel": sd[p + "self_attn.v_proj.weight"].T.reshape(e, k, d)},
-            "out": {"kernel": sd[p + "self_attn.o_proj.weight"].T.reshape(h, d, e)},
+            "query": {"kernel": sd[p + "self_attn.q_proj.weight"].reshape(h, d, e)},
+            "key": {"kernel": sd[p + "self_attn.k_proj.weight"].reshape(k, d, e)},
+            "value": {"kernel": sd[p + "self_attn.v_proj.weight"].reshape(k, d, e)},
+            "out": {"kernel": sd[p + "self_attn.o_proj.weight"].reshape(e, h, d)},
         }
         if config.qkv_bias:
             attn["query"]["bias"] = sd[p + "self_attn.q_proj.bias"].reshape(h, d)
@@ -71,9 +71,9 @@ def _hf_to_ours(state_dict, config: decoder.DecoderConfig):
             "self_attention": attn,
             "pre_mlp_layer_norm": {"scale": sd[p + "post_attention_layernorm.weight"]},
             "mlp": {
-                "wi_0": {"kernel": sd[p + "mlp.gate_proj.weight"].T},
-                "wi_1": {"kernel": sd[p + "mlp.up_proj.weight"].T},
-                "wo": {"kernel": sd[p + "mlp.down_proj.weight"].T},
+                "wi_0": {"kernel": sd[p + "mlp.gate_proj.weight"]},
+                "wi_1": {"kernel": sd[p + "mlp.up_proj.weight"]},
+                "wo": {"kernel": sd[p + "mlp.down_proj.weight"]},
             },
         }
     return jax.tree_util.tree_map(jnp.asarray, params)

@@ -104,7 +104,7 @@ PROMPT = [1, 3, 2]
 @pytest.fixture(scope="module")
 def small_pair():
     tgt = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
-    drf = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=2, seed=11)
+    drf = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=2, seed=13)
     return tgt, drf
 
 

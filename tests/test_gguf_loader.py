@@ -72,19 +72,19 @@ def expected_params(state, hp=HP):
         "decoder_norm/scale": state["model.norm.weight"],
     }
     if "lm_head.weight" in state:
-        out["logits_dense/kernel"] = state["lm_head.weight"].T
+        out["logits_dense/kernel"] = state["lm_head.weight"]
     for i in range(hp["layers"]):
         p, lay = f"model.layers.{i}.", f"layers_{i}/"
         a = lay + "self_attention/"
         out[lay + "pre_self_attention_layer_norm/scale"] = state[p + "input_layernorm.weight"]
         out[lay + "pre_mlp_layer_norm/scale"] = state[p + "post_attention_layernorm.weight"]
-        out[a + "query/kernel"] = state[p + "self_attn.q_proj.weight"].T.reshape(e, h, d)
-        out[a + "key/kernel"] = state[p + "self_attn.k_proj.weight"].T.reshape(e, k, d)
-        out[a + "value/kernel"] = state[p + "self_attn.v_proj.weight"].T.reshape(e, k, d)
-        out[a + "out/kernel"] = state[p + "self_attn.o_proj.weight"].T.reshape(h, d, e)
-        out[lay + "mlp/wi_0/kernel"] = state[p + "mlp.gate_proj.weight"].T
-        out[lay + "mlp/wi_1/kernel"] = state[p + "mlp.up_proj.weight"].T
-        out[lay + "mlp/wo/kernel"] = state[p + "mlp.down_proj.weight"].T
+        out[a + "query/kernel"] = state[p + "self_attn.q_proj.weight"].reshape(h, d, e)
+        out[a + "key/kernel"] = state[p + "self_attn.k_proj.weight"].reshape(k, d, e)
+        out[a + "value/kernel"] = state[p + "self_attn.v_proj.weight"].reshape(k, d, e)
+        out[a + "out/kernel"] = state[p + "self_attn.o_proj.weight"].reshape(e, h, d)
+        out[lay + "mlp/wi_0/kernel"] = state[p + "mlp.gate_proj.weight"]
+        out[lay + "mlp/wi_1/kernel"] = state[p + "mlp.up_proj.weight"]
+        out[lay + "mlp/wo/kernel"] = state[p + "mlp.down_proj.weight"]
         for name in ("q", "k", "v"):
             key = f"{p}self_attn.{name}_proj.bias"
             if key in state:
@@ -286,7 +286,7 @@ def test_explicit_head_dim(tmp_path):
     config, params = load_gguf(write(tmp_path, state, hp=hp))
     assert config.head_dim == 32
     got = flat(params)
-    want = state["model.layers.1.self_attn.o_proj.weight"].T.reshape(h, d, e)
+    want = state["model.layers.1.self_attn.o_proj.weight"].reshape(e, h, d)
     np.testing.assert_array_equal(got["layers_1/self_attention/out/kernel"], want)
 
 

@@ -143,13 +143,14 @@ def test_params_sharded_as_the_rules_say(dec_pair, t5_pair):
     (model, params), (draft, draft_params), _ = dec_pair
     placed = p.place_params(model, params, "target")
     layer = placed["layers_0"]
-    assert layer["self_attention"]["query"]["kernel"].sharding.spec == P(None, "model", None)
-    assert _shard_shape(layer["self_attention"]["query"]["kernel"]) == (64, 2, 8)
-    assert _shard_shape(layer["self_attention"]["out"]["kernel"]) == (2, 8, 64)
-    assert _shard_shape(layer["mlp"]["wi_0"]["kernel"]) == (64, 32)
-    assert _shard_shape(layer["mlp"]["wo"]["kernel"]) == (32, 64)
+    # DecoderLM kernels are output-major [out..., in...] (models/decoder.py).
+    assert layer["self_attention"]["query"]["kernel"].sharding.spec == P("model", None, None)
+    assert _shard_shape(layer["self_attention"]["query"]["kernel"]) == (2, 8, 64)
+    assert _shard_shape(layer["self_attention"]["out"]["kernel"]) == (64, 2, 8)
+    assert _shard_shape(layer["mlp"]["wi_0"]["kernel"]) == (32, 64)
+    assert _shard_shape(layer["mlp"]["wo"]["kernel"]) == (64, 32)
     assert _shard_shape(placed["token_embedder"]["embedding"]) == (16, 64)
-    assert _shard_shape(placed["logits_dense"]["kernel"]) == (64, 16)
+    assert _shard_shape(placed["logits_dense"]["kernel"]) == (16, 64)
     # GQA: 2 kv heads on a model axis of 4 are replicated, as are the norms.
     assert _shard_shape(layer["self_attention"]["key"]["kernel"]) == (64, 2, 8)
     assert layer["pre_mlp_layer_norm"]["scale"].sharding.is_fully_replicated
@@ -161,7 +162,7 @@ def test_params_sharded_as_the_rules_say(dec_pair, t5_pair):
     # exactly 1/4 of its elements per device.
     (enc_dec, t5_params), _, _ = t5_pair
     placed = p.place_params(enc_dec, t5_params, "target")
-    axes = jax.tree_util.tree_leaves(enc_dec.logical_axes(), is_leaf=partitioning._is_spec)
+    axes = jax.tree_util.tree_leaves(enc_dec.logical_axes(), is_leaf=partitioning.is_spec)
     for spec, leaf in zip(axes, jax.tree_util.tree_leaves(placed), strict=True):
         split = any(name in ("vocab", "heads", "joined_kv", "mlp") for name in spec)
         shard = leaf.addressable_shards[0].data
@@ -238,7 +239,7 @@ def _all_gathers(text, loops_only=False):
 
 def _weight_sizes(model):
     """Element counts of the params that are split over 'model' (the ones worth gathering)."""
-    axes = jax.tree_util.tree_leaves(model.logical_axes(), is_leaf=partitioning._is_spec)
+    axes = jax.tree_util.tree_leaves(model.logical_axes(), is_leaf=partitioning.is_spec)
     leaves = jax.tree_util.tree_leaves(partitioning.param_shapes(model))
     return {
         leaf.size

@@ -98,22 +98,22 @@ def tensor_map(config: DecoderConfig, arch: str) -> dict[tuple[str, ...], tuple[
     """DecoderLM parameter path -> (GGUF tensor name, transform of its [out, in] array)."""
     h, k, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.emb_dim
 
-    def qk(heads: int) -> Transform:  # [heads*D, E] -> [E, heads, D]
+    # GGUF (like PyTorch) stores weights [out, in], which is DecoderLM's output-major layout.
+    def qk(heads: int) -> Transform:  # [heads*D, E] -> [heads, D, E]
         fix = (lambda w: _unpermute_rows(w, heads)) if arch == "llama" else (lambda w: w)
-        return lambda w: fix(w).reshape(heads, d, e).transpose(2, 0, 1)
+        return lambda w: fix(w).reshape(heads, d, e)
 
     def qk_bias(heads: int) -> Transform:
         fix = (lambda b: _unpermute_rows(b, heads)) if arch == "llama" else (lambda b: b)
         return lambda b: fix(b).reshape(heads, d)
 
     same = lambda w: w  # noqa: E731
-    transpose = lambda w: w.T  # noqa: E731
     out = {
         ("token_embedder", "embedding"): ("token_embd.weight", same),  # [V, E]
         ("decoder_norm", "scale"): ("output_norm.weight", same),
     }
     if not config.tie_word_embeddings:
-        out[("logits_dense", "kernel")] = ("output.weight", transpose)  # [V, E] -> [E, V]
+        out[("logits_dense", "kernel")] = ("output.weight", same)  # [V, E]
     for i in range(config.num_layers):
         layer, blk = f"layers_{i}", f"blk.{i}"
         attn = (layer, "self_attention")
@@ -122,7 +122,7 @@ def tensor_map(config: DecoderConfig, arch: str) -> dict[tuple[str, ...], tuple[
         out[(*attn, "key", "kernel")] = (f"{blk}.attn_k.weight", qk(k))
         out[(*attn, "value", "kernel")] = (
             f"{blk}.attn_v.weight",
-            lambda w, k=k: w.reshape(k, d, e).transpose(2, 0, 1),
+            lambda w, k=k: w.reshape(k, d, e),
         )
         if config.qkv_bias:
             out[(*attn, "query", "bias")] = (f"{blk}.attn_q.bias", qk_bias(h))
@@ -130,12 +130,12 @@ def tensor_map(config: DecoderConfig, arch: str) -> dict[tuple[str, ...], tuple[
             out[(*attn, "value", "bias")] = (f"{blk}.attn_v.bias", lambda b, k=k: b.reshape(k, d))
         out[(*attn, "out", "kernel")] = (
             f"{blk}.attn_output.weight",
-            lambda w: w.T.reshape(h, d, e),  # [E, H*D] -> [H, D, E]
+            lambda w: w.reshape(e, h, d),  # [E, H*D] -> [E, H, D]
         )
         out[(layer, "pre_mlp_layer_norm", "scale")] = (f"{blk}.ffn_norm.weight", same)
-        out[(layer, "mlp", "wi_0", "kernel")] = (f"{blk}.ffn_gate.weight", transpose)  # -> [E, M]
-        out[(layer, "mlp", "wi_1", "kernel")] = (f"{blk}.ffn_up.weight", transpose)
-        out[(layer, "mlp", "wo", "kernel")] = (f"{blk}.ffn_down.weight", transpose)  # -> [M, E]
+        out[(layer, "mlp", "wi_0", "kernel")] = (f"{blk}.ffn_gate.weight", same)  # [M, E]
+        out[(layer, "mlp", "wi_1", "kernel")] = (f"{blk}.ffn_up.weight", same)
+        out[(layer, "mlp", "wo", "kernel")] = (f"{blk}.ffn_down.weight", same)  # [E, M]
     return out
 
 

@@ -156,6 +156,28 @@ class ConfiguredModel:
         raise NotImplementedError
 
 
+def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
+
+    One row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify block, a small
+    batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N, K] . x^T
+    [K, M] -> [N, M], and with M a multiple of 4, than in the x . W^T orientation
+    (docs/benchmarks.md, "Verify call"). XLA folds a transpose of the result back into the slow
+    orientation, so an optimisation barrier keeps the dot as written; the [N, M] -> [M, N]
+    transpose that follows touches activations only.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    if m == 1:
+        y = jnp.einsum("mk,nk->mn", rows, kernel)
+    else:
+        padded = -(-m // 4) * 4
+        rows = jnp.pad(rows, ((0, padded - m), (0, 0)))
+        y = jax.lax.optimization_barrier(jnp.einsum("nk,mk->nm", kernel, rows)).T[:m]
+    return y.reshape(*lead, kernel.shape[0])
+
+
 def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:
     """Writes update[b] into buffer[b] starting at index[b] along axis 1.
 

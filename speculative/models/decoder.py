@@ -8,19 +8,25 @@ embedding. Parameter names follow T5X's decoder naming; every parameter carries 
 Parameter tree (E = emb_dim, H = num_heads, K = num_kv_heads, D = head_dim, M = mlp_dim, V = vocab):
     token_embedder/embedding                        [V, E]
     layers_{i}/pre_self_attention_layer_norm/scale  [E]
-    layers_{i}/self_attention/query/kernel          [E, H, D]   (+ bias [H, D] if qkv_bias)
-    layers_{i}/self_attention/{key,value}/kernel    [E, K, D]   (+ bias [K, D] if qkv_bias)
-    layers_{i}/self_attention/out/kernel            [H, D, E]
+    layers_{i}/self_attention/query/kernel          [H, D, E]   (+ bias [H, D] if qkv_bias)
+    layers_{i}/self_attention/{key,value}/kernel    [K, D, E]   (+ bias [K, D] if qkv_bias)
+    layers_{i}/self_attention/out/kernel            [E, H, D]
     layers_{i}/pre_mlp_layer_norm/scale             [E]
-    layers_{i}/mlp/{wi_0 (gate), wi_1 (up)}/kernel  [E, M]
-    layers_{i}/mlp/wo/kernel                        [M, E]
+    layers_{i}/mlp/{wi_0 (gate), wi_1 (up)}/kernel  [M, E]
+    layers_{i}/mlp/wo/kernel                        [E, M]
     decoder_norm/scale                              [E]
-    logits_dense/kernel                             [E, V]      (absent when tie_word_embeddings)
+    logits_dense/kernel                             [V, E]      (absent when tie_word_embeddings)
+
+Kernels are stored output-major, [out..., in...] (the layout of PyTorch's Linear and of GGUF), the
+transpose of T5X's [in..., out...]: every projection contracts the kernel's LAST axes. XLA:CPU streams
+an output-major weight at GEMV speed for a few rows (a speculative verify block), where an input-major
+one costs 2-3x more per call beyond one row (docs/benchmarks.md). The names stay T5X's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -100,7 +106,8 @@ class RMSNorm(nn.Module):
 
 
 class Projection(nn.Module):
-    """x @ kernel (+ bias), contracting the last `in_dims` axes of x with the leading axes of kernel."""
+    """Output-major projection: kernel [out..., in...]; contracts the last `in_dims` axes of x with
+    the kernel's last `in_dims` axes: x [..., in...] -> [..., out...] (+ bias [out...])."""
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]
@@ -109,17 +116,17 @@ class Projection(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        fan_in = 1
-        for d in self.shape[: self.in_dims]:
-            fan_in *= d
+        split = len(self.shape) - self.in_dims
+        out_shape, in_shape = self.shape[:split], self.shape[split:]
+        fan_in = math.prod(in_shape)
         kernel = _param(self, "kernel", self.shape, self.axes, fan_in**-0.5)
-        letters = "defgh"
-        x_in = letters[: self.in_dims]
-        out = letters[self.in_dims : len(self.shape)]
-        y = jnp.einsum(f"...{x_in},{x_in}{out}->...{out}", x, kernel.astype(x.dtype))
+        # One 2-D dot [rows, in] x [out, in]: reshaping a row-major kernel is free, whereas a
+        # multi-axis einsum let XLA:CPU copy the whole kernel into another layout on every call.
+        rows = x.reshape(*x.shape[: x.ndim - self.in_dims], fan_in)
+        flat = kernel.reshape(math.prod(out_shape), fan_in).astype(x.dtype)
+        y = base.dense(rows, flat).reshape(*rows.shape[:-1], *out_shape)
         if self.use_bias:
-            out_shape, out_axes = self.shape[self.in_dims :], self.axes[self.in_dims :]
-            y = y + _param(self, "bias", out_shape, out_axes, 0.0).astype(x.dtype)
+            y = y + _param(self, "bias", out_shape, self.axes[:split], 0.0).astype(x.dtype)
         return y
 
 
@@ -131,13 +138,13 @@ class SelfAttention(nn.Module):
         cfg = self.config
         e, h, k, d = cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_proj = Projection(
-            (e, h, d), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias, name="query"
+            (h, d, e), ("heads", "kv", "embed"), use_bias=cfg.qkv_bias, name="query"
         )
         k_proj = Projection(
-            (e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="key"
+            (k, d, e), ("kv_heads", "kv", "embed"), use_bias=cfg.qkv_bias, name="key"
         )
         v_proj = Projection(
-            (e, k, d), ("embed", "kv_heads", "kv"), use_bias=cfg.qkv_bias, name="value"
+            (k, d, e), ("kv_heads", "kv", "embed"), use_bias=cfg.qkv_bias, name="value"
         )
         query = apply_rope(q_proj(x), positions, cfg.rope_theta)
         key = apply_rope(k_proj(x), positions, cfg.rope_theta)
@@ -145,7 +152,7 @@ class SelfAttention(nn.Module):
         keys = base.write_kv(layer_cache["key"], base.heads_major(key), index)
         values = base.write_kv(layer_cache["value"], base.heads_major(value), index)
         attended = base.attend(query, keys, values, mask, scale=d**-0.5)
-        out = Projection((h, d, e), ("heads", "kv", "embed"), in_dims=2, name="out")(attended)
+        out = Projection((e, h, d), ("embed", "heads", "kv"), in_dims=2, name="out")(attended)
         return out, {"key": keys, "value": values}
 
 
@@ -155,9 +162,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         e, m = self.config.emb_dim, self.config.mlp_dim
-        gate = Projection((e, m), ("embed", "mlp"), name="wi_0")(x)
-        up = Projection((e, m), ("embed", "mlp"), name="wi_1")(x)
-        return Projection((m, e), ("mlp", "embed"), name="wo")(nn.silu(gate) * up)
+        gate = Projection((m, e), ("mlp", "embed"), name="wi_0")(x)
+        up = Projection((m, e), ("mlp", "embed"), name="wi_1")(x)
+        return Projection((e, m), ("embed", "mlp"), name="wo")(nn.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -205,7 +212,7 @@ class DecoderStack(nn.Module):
         if cfg.tie_word_embeddings:
             # An einsum contracting the table's last axis: Flax's attend (x @ table.T) made XLA:CPU
             # copy the transposed [E, V] table on every draft step inside the nested decode loop.
-            logits = jnp.einsum("...e,ve->...v", x, embedder.embedding)
+            logits = base.dense(x, embedder.embedding)
         else:
             logits = LogitsDense(cfg.vocab_size, name="logits_dense")(x)
         return logits.astype(jnp.float32), new_cache
@@ -217,9 +224,9 @@ class LogitsDense(nn.Module):
     @nn.compact
     def __call__(self, x):
         kernel = _param(
-            self, "kernel", (x.shape[-1], self.vocab_size), ("embed", "vocab"), x.shape[-1] ** -0.5
+            self, "kernel", (self.vocab_size, x.shape[-1]), ("vocab", "embed"), x.shape[-1] ** -0.5
         )
-        return jnp.einsum("...e,ev->...v", x, kernel.astype(jnp.float32))
+        return base.dense(x, kernel.astype(jnp.float32))
 
 
 class DecoderLM(base.ConfiguredModel):
