@@ -223,6 +223,9 @@ class Point:
     *_s: seconds summed over the batches; *_batch_s: per batch (median of the repeats).
     decode_speedup: both prefills subtracted (the draft's too), the decode loops alone, as Thm 3.8
     models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
+    round_s: measured seconds per speculative round (decode time without the prefills / rounds,
+    a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
+    alone, gamma draft steps + one verify call + the round's sampling work.
     greedy_identical_to_plain: None unless greedy.
     """
 
@@ -246,6 +249,8 @@ class Point:
     decode_speedup: float
     predicted_speedup: float
     cost_model_speedup: float
+    round_s: float
+    round_parts_s: float
     greedy_identical_to_plain: bool | None
 
 
@@ -265,6 +270,7 @@ def make_point(
     plain_tok_s, spec_tok_s = plain.tokens / plain.seconds, spec.tokens / spec.seconds
     plain_decode_s = plain.seconds - target_prefill_s
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
+    rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
     same = None
     if greedy:
         same = all(
@@ -298,6 +304,10 @@ def make_point(
             costs["draft_step_s"],
             costs["target_extend_s"][gamma + 1],
         ),
+        round_s=spec_decode_s / max(rounds, 1),
+        round_parts_s=gamma * costs["draft_step_s"]
+        + costs["target_extend_s"][gamma + 1]
+        + costs.get("sampling_round_s", {}).get(gamma, 0.0),
         greedy_identical_to_plain=same,
     )
 
@@ -466,7 +476,13 @@ def measure_batch_size(
         [g + 1 for g in cfg.gammas],
     )
     for temperature in cfg.temperatures:
-        yield measure_cell(setup, batches, cfg, temperature, costs)
+        sampling = SamplingConfig(float(temperature), cfg.top_k, cfg.top_p)
+        rows = inputs.input_tokens(batches[0]).shape[0]
+        costs["sampling_round_s"] = {
+            g: timing.sampling_round_time(rows, target.model.vocab_size, g, sampling)
+            for g in cfg.gammas
+        }
+        yield measure_cell(setup, batches, cfg, temperature, dict(costs))
 
 
 def run(cfg: BenchmarkConfig) -> dict[str, Any]:

@@ -35,6 +35,8 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "cost_model": p.get("cost_model_speedup", float("nan")),
                     "plain_tok_s": p["plain_tok_s"],
                     "spec_tok_s": p["speculative_tok_s"],
+                    "round_ms": 1e3 * p.get("round_s", float("nan")),
+                    "parts_ms": 1e3 * p.get("round_parts_s", float("nan")),
                 }
             )
     return rows
@@ -51,13 +53,11 @@ def _sampling_label(cell: Mapping[str, Any]) -> str:
 
 
 def markdown_table(result: Mapping[str, Any]) -> str:
-    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s |\n"
-    head += (
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-    )
+    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s | round ms | γ·draft + verify + sampling ms |\n"
+    head += "| ---: " * 14 + "|\n"
     lines = [
         f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
-        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} |"
+        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['round_ms']:.0f} | {r['parts_ms']:.0f} |"
         for r in table_rows(result)
     ]
     return head + "\n".join(lines)

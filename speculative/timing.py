@@ -91,15 +91,43 @@ def decode_step_time(
     return step_time(step, params, (state, tokens), steps=8, repeats=repeats)
 
 
-def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Bytes per second XLA reads from memory: a float32 sum over a `num_bytes` array.
+def read_bandwidth(rows: int = 16384, cols: int = 8192, repeats: int = 10) -> float:
+    """Bytes per second XLA:CPU streams a weight in a one-row product (a GEMV over an output-major
+    [rows, cols] float32 matrix, 512 MiB by default).
 
-    A batch-1 decode step must read every weight once, so weight bytes / this is its floor.
+    A batch-1 decode step must read every weight once, so weight bytes / this is its floor. A GEMV
+    is the bound to compare with: a jitted sum over the same bytes under-reads it (~22 against
+    35-44 GB/s on this 2-core machine, docs/benchmarks.md).
     """
-    data = jnp.ones((num_bytes // 4,), jnp.float32)
-    total = jax.jit(jnp.sum)
-    _, median, _ = time_call(lambda: total(data), repeats)
-    return num_bytes / median
+    weight = jnp.full((rows, cols), 0.5, jnp.float32)
+    x = jnp.ones((1, cols), jnp.float32)
+    gemv = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w))
+    _, median, _ = time_call(lambda: gemv(x, weight), repeats)
+    return weight.nbytes / median
+
+
+def sampling_round_time(
+    batch_size: int, vocab_size: int, gamma: int, sampling: Any, repeats: int = 5
+) -> float:
+    """Median seconds of one speculative round's sampling work outside the models: gamma draft
+    samples from [B, V] logits and `verify_detailed` on [B, gamma + 1, V] target logits."""
+    from speculative import sampling as sampling_lib
+
+    @jax.jit
+    def round_sampling(rng, draft_logits, target_logits):
+        rngs = jax.random.split(rng, gamma + 1)
+        tokens = jnp.stack(
+            [sampling_lib.sample(rngs[i], draft_logits[:, i], sampling)[0] for i in range(gamma)],
+            axis=1,
+        )
+        return sampling_lib.verify_detailed(rngs[-1], target_logits, draft_logits, tokens, sampling)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    draft_logits = 3.0 * jax.random.normal(keys[0], (batch_size, gamma, vocab_size), jnp.float32)
+    target_logits = 3.0 * jax.random.normal(keys[1], (batch_size, gamma + 1, vocab_size))
+    rng = jax.random.PRNGKey(1)
+    _, median, _ = time_call(lambda: round_sampling(rng, draft_logits, target_logits), repeats)
+    return median
 
 
 def measure_c(
@@ -128,4 +156,5 @@ def measure_c(
             n: decode_step_time(target, target_params, batch, cache_len, length=n)
             for n in verify_lengths
         }
+
     return result

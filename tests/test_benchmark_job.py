@@ -72,6 +72,13 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
                 metrics.predicted_speedup(p["alpha"], p["gamma"], cell["c"])
             )
             assert len(p["acceptance_by_position"]) == p["gamma"]
+            # Per round: measured time beside what its parts cost alone.
+            sampling_s = cell["sampling_round_s"][p["gamma"]]
+            assert sampling_s > 0
+            assert p["round_parts_s"] == pytest.approx(
+                p["gamma"] * cell["draft_step_s"] + verify_s + sampling_s
+            )
+            assert 0 < p["round_s"] < p["speculative_s"]
             # 3 inputs in batches of 2 -> 2 batches, inputs cycled to fill the second.
             assert p["plain_tokens"] <= 4 * 8 and p["speculative_tokens"] <= 4 * 8
             assert p["plain_compile_s"] > 0 and p["speculative_compile_s"] > 0
