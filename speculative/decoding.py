@@ -521,13 +521,7 @@ def autoregressive_decode(
       DecodeOutput with tokens [B, max_decode_len], lengths [B] and per-row `DecodeStats`.
     """
     config = DecodeConfig(max_decode_len, eos_id, sampling)
-    validate_batch(model, batch, config)
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    if partitioner is not None:
-        params = partitioner.place_params(model, params, "target")
-        batch, rng = place_inputs(partitioner, batch, rng)
-    out = autoregressive_loop(model, params, batch, rng, config, partitioner)
-    return check_finite(out, "model")
+    return _run(autoregressive_loop, [(model, params, "target")], batch, config, rng, partitioner)
 
 
 def speculative_decode(
@@ -539,8 +533,8 @@ def speculative_decode(
     *,
     gamma: int,
     max_decode_len: int,
-    sampling: SamplingConfig = SamplingConfig(),
     eos_id: int | Sequence[int],
+    sampling: SamplingConfig = SamplingConfig(),
     rng: jax.Array | None = None,
     partitioner: Any = None,
 ) -> DecodeOutput:
@@ -562,17 +556,22 @@ def speculative_decode(
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     config = DecodeConfig(max_decode_len, eos_id, sampling, gamma)
     check_pair(target, draft)
-    validate_batch(target, batch, config)
-    validate_batch(draft, batch, config)
+    models = [(target, target_params, "target"), (draft, draft_params, "draft")]
+    return _run(speculative_loop, models, batch, config, rng, partitioner)
+
+
+def _run(loop, models, batch, config, rng, partitioner) -> DecodeOutput:
+    """Validates, places (with a partitioner) and runs a jitted loop; models: [(model, params,
+    role)], the target first. Raises on NaN logits after the loop."""
+    for model, _, _ in models:
+        validate_batch(model, batch, config)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     if partitioner is not None:
-        target_params = partitioner.place_params(target, target_params, "target")
-        draft_params = partitioner.place_params(draft, draft_params, "draft")
+        models = [(m, partitioner.place_params(m, p, role), role) for m, p, role in models]
         batch, rng = place_inputs(partitioner, batch, rng)
-    out = speculative_loop(
-        target, target_params, draft, draft_params, batch, rng, config, partitioner
-    )
-    return check_finite(out, "target")
+    args = [x for model, params, _ in models for x in (model, params)]
+    out = loop(*args, batch, rng, config, partitioner)
+    return check_finite(out, "model" if len(models) == 1 else "target")
 
 
 def place_inputs(partitioner: Any, batch: dict[str, jax.Array], rng: jax.Array) -> tuple:
