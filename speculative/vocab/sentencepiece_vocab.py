@@ -40,7 +40,26 @@ def _split_sentinels(text: str, extra_ids: int, first_extra: int):
         yield "text", text[pos:]
 
 
-class SentencePieceVocabulary:
+class _T5Vocabulary:
+    """What both vocabularies share: the special ids, `extra_ids` and the id -> piece table."""
+
+    def __init__(self, base_tokens: list[str], extra_ids: int):
+        """base_tokens: the pieces before the sentinels, which follow them (`_sentinels`)."""
+        self.extra_ids = extra_ids
+        self.eos_id = EOS_ID
+        self.pad_id = PAD_ID
+        self.unk_id = UNK_ID
+        self._tokens = base_tokens + _sentinels(extra_ids)
+
+    @property
+    def tokens(self) -> Sequence[str]:
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+class SentencePieceVocabulary(_T5Vocabulary):
     """seqio.SentencePieceVocabulary equivalent implementing `vocab.Vocabulary`."""
 
     def __init__(self, model_file: str, extra_ids: int = 100):
@@ -57,20 +76,8 @@ class SentencePieceVocabulary:
                     f"has {got}"
                 )
         self.model_file = model_file
-        self.extra_ids = extra_ids
-        self.eos_id = EOS_ID
-        self.pad_id = PAD_ID
-        self.unk_id = UNK_ID
         self._base_size = self._sp.get_piece_size()
-        self._tokens = [self._sp.id_to_piece(i) for i in range(self._base_size)]
-        self._tokens += _sentinels(extra_ids)
-
-    @property
-    def tokens(self) -> Sequence[str]:
-        return self._tokens
-
-    def __len__(self) -> int:
-        return len(self._tokens)
+        super().__init__([self._sp.id_to_piece(i) for i in range(self._base_size)], extra_ids)
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids (no EOS appended), with <extra_id_k> sentinels mapped to their ids."""
@@ -107,25 +114,15 @@ class SentencePieceVocabulary:
         return "".join(pieces)
 
 
-class ByteVocabulary:
+class ByteVocabulary(_T5Vocabulary):
     """seqio.ByteVocabulary (ByT5) equivalent: UTF-8 bytes offset by 3 special ids."""
 
     OFFSET = 3
 
     def __init__(self, extra_ids: int = 0):
-        self.extra_ids = extra_ids
-        self.eos_id = EOS_ID
-        self.pad_id = PAD_ID
-        self.unk_id = UNK_ID
-        self._tokens = ["<pad>", "</s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
-        self._tokens += _sentinels(extra_ids)
-
-    @property
-    def tokens(self) -> Sequence[str]:
-        return self._tokens
-
-    def __len__(self) -> int:
-        return len(self._tokens)
+        super().__init__(
+            ["<pad>", "</s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)], extra_ids
+        )
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
