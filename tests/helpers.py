@@ -37,22 +37,37 @@ def tiny_decoder(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, s
     return model, model.init_params(jax.random.PRNGKey(seed))
 
 
+def tiny_t5_config(
+    vocab: int,
+    emb: int = 32,
+    heads: int = 4,
+    encoder_layers: int = 2,
+    decoder_layers: int = 3,
+    head_dim: int = 8,
+    mlp: int = 48,
+    activations: tuple[str, ...] = ("gelu", "linear"),
+    tied: bool = False,
+) -> t5.T5Config:
+    """A small T5Config. Defaults: `tiny_t5_pair`'s target, T5 v1.1 style (gated GELU MLP, untied
+    `logits_dense`); tied=True takes the logits from the embedding (v1.0 style)."""
+    return t5.T5Config(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_heads=heads,
+        num_encoder_layers=encoder_layers,
+        num_decoder_layers=decoder_layers,
+        head_dim=head_dim,
+        mlp_dim=mlp,
+        mlp_activations=activations,
+        logits_via_embedding=tied,
+    )
+
+
 def tiny_t5_pair(vocab: int, seed: int):
     """A random T5 target and a smaller draft made of the target's first layers (so that the two
     agree often but not always, exercising both acceptance and rejection)."""
-    target_cfg = t5.T5Config(
-        vocab_size=vocab,
-        emb_dim=32,
-        num_heads=4,
-        num_encoder_layers=2,
-        num_decoder_layers=3,
-        head_dim=8,
-        mlp_dim=48,
-        mlp_activations=("gelu", "linear"),
-    )
-    draft_cfg = t5.T5Config(
-        **{**target_cfg.__dict__, "num_encoder_layers": 1, "num_decoder_layers": 1}
-    )
+    target_cfg = tiny_t5_config(vocab)
+    draft_cfg = dataclasses.replace(target_cfg, num_encoder_layers=1, num_decoder_layers=1)
     target, draft = t5.T5(target_cfg), t5.T5(draft_cfg)
     target_params = target.init_params(jax.random.PRNGKey(seed))
     draft_params = jax.tree.map(lambda x: x, target_params)
@@ -108,16 +123,15 @@ def abstract_decoder(vocab: int, emb: int, layers: int, mlp: int, tied: bool):
 
 def abstract_t5(vocab: int, emb: int, layers: int, mlp: int):
     """A T5 v1.1-style model (tied logits) and its abstract params (no memory)."""
-    config = t5.T5Config(
-        vocab_size=vocab,
-        emb_dim=emb,
-        num_heads=4,
-        num_encoder_layers=layers,
-        num_decoder_layers=layers,
+    config = tiny_t5_config(
+        vocab,
+        emb,
+        heads=4,
+        encoder_layers=layers,
+        decoder_layers=layers,
         head_dim=emb // 4,
-        mlp_dim=mlp,
-        mlp_activations=("gelu", "linear"),
-        logits_via_embedding=True,
+        mlp=mlp,
+        tied=True,
     )
     model = t5.T5(config)
     return model, jax.eval_shape(model.init_params, jax.random.PRNGKey(0))

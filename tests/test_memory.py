@@ -101,19 +101,7 @@ def test_report_table(paper):
 
 
 def test_job_report_line_matches_the_planner():
-    from speculative.models import decoder
-
-    target = decoder.DecoderLM(
-        decoder.DecoderConfig(
-            vocab_size=1000,
-            emb_dim=64,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=16,
-            mlp_dim=128,
-        )
-    )
+    target = tiny_decoder_model(1000, emb=64, layers=2, heads=4, kv_heads=2)
     line = memory.job_report(
         target,
         None,

@@ -19,15 +19,9 @@ MESH_2x4 = {"data": 2, "model": 4}
 
 
 def tiny_t5(heads=8, head_dim=8, mlp=32, vocab=64):
-    config = t5.T5Config(
-        vocab_size=vocab,
-        emb_dim=16,
-        num_heads=heads,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        head_dim=head_dim,
-        mlp_dim=mlp,
-        mlp_activations=("gelu", "linear"),
+    """A one-layer T5 whose sizes the divisibility checks vary."""
+    config = helpers.tiny_t5_config(
+        vocab, emb=16, heads=heads, encoder_layers=1, decoder_layers=1, head_dim=head_dim, mlp=mlp
     )
     return t5.T5(config)
 

@@ -32,15 +32,8 @@ SAMPLED = SamplingConfig(temperature=1.0)
 
 
 def tiny_t5(emb, heads, seed):
-    config = t5.T5Config(
-        vocab_size=V,
-        emb_dim=emb,
-        num_heads=heads,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        head_dim=8,
-        mlp_dim=2 * emb,
-        mlp_activations=("gelu", "linear"),
+    config = helpers.tiny_t5_config(
+        V, emb=emb, heads=heads, encoder_layers=1, decoder_layers=1, mlp=2 * emb
     )
     return _with_params(t5.T5(config), seed)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,17 +16,9 @@ from flax import serialization, traverse_util
 from speculative.checkpoints import hf_t5, load_hf_t5, load_t5x, validation
 from speculative.checkpoints import t5x as t5x_loader
 from speculative.models import t5
+from tests import helpers
 
-CONFIG = t5.T5Config(
-    vocab_size=40,
-    emb_dim=16,
-    num_heads=2,
-    num_encoder_layers=2,
-    num_decoder_layers=1,
-    head_dim=8,
-    mlp_dim=24,
-    mlp_activations=("gelu", "linear"),
-)
+CONFIG = helpers.tiny_t5_config(40, emb=16, heads=2, encoder_layers=2, decoder_layers=1, mlp=24)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +103,7 @@ def test_orbax_checkpoint_is_detected_and_read(tmp_path, params):
 
 def test_t5x_shape_mismatch_names_parameter(tmp_path, params):
     write_t5x_checkpoint(tmp_path, params)
-    wider = t5.T5Config(**{**CONFIG.__dict__, "mlp_dim": 32})
+    wider = dataclasses.replace(CONFIG, mlp_dim=32)
     with pytest.raises(
         ValueError,
         match=r"'decoder/layers_0/mlp/wi_0/kernel' has shape \(16, 24\)"
@@ -129,7 +122,7 @@ def test_t5x_missing_parameter(tmp_path, params):
 
 def test_t5x_extra_layer_is_unexpected(tmp_path, params):
     write_t5x_checkpoint(tmp_path, params)
-    shallower = t5.T5Config(**{**CONFIG.__dict__, "num_encoder_layers": 1})
+    shallower = dataclasses.replace(CONFIG, num_encoder_layers=1)
     with pytest.raises(ValueError, match="unexpected parameter 'encoder/layers_1/"):
         load_t5x(str(tmp_path), shallower)
 

@@ -13,6 +13,7 @@ from flax import traverse_util
 
 from speculative.checkpoints import load_hf_t5
 from speculative.models import t5
+from tests import helpers
 
 VOCAB = 64
 
@@ -107,18 +108,7 @@ def test_relative_position_buckets_match_transformers(bidirectional):
 
 
 def _tiny(acts=("gelu", "linear"), tied=False, seed=0):
-    config = t5.T5Config(
-        vocab_size=VOCAB,
-        emb_dim=32,
-        num_heads=4,
-        num_encoder_layers=2,
-        num_decoder_layers=3,
-        head_dim=8,
-        mlp_dim=48,
-        mlp_activations=acts,
-        logits_via_embedding=tied,
-    )
-    model = t5.T5(config)
+    model = t5.T5(helpers.tiny_t5_config(VOCAB, activations=acts, tied=tied))
     return model, model.init_params(jax.random.PRNGKey(seed))
 
 
