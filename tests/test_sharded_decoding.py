@@ -145,7 +145,7 @@ def test_params_sharded_as_the_rules_say(dec_pair, t5_pair):
     assert _shard_shape(placed["token_embedder"]["embedding"]) == (16, 64)
     assert _shard_shape(placed["logits_dense"]["kernel"]) == (16, 64)
     # GQA: 2 kv heads on a model axis of 4 are replicated, as are the norms.
-    assert _shard_shape(layer["self_attention"]["key"]["kernel"]) == (64, 2, 8)
+    assert _shard_shape(layer["self_attention"]["key"]["kernel"]) == (2, 8, 64)
     assert layer["pre_mlp_layer_norm"]["scale"].sharding.is_fully_replicated
     # The draft is replicated over 'model' (and params have no batch axis).
     for leaf in jax.tree_util.tree_leaves(p.place_params(draft, draft_params, "draft")):
