@@ -9,7 +9,7 @@ Two kinds of logits, because the top-p cost depends on the nucleus size:
   peaked: Zipf-like rows (logit = -2 log rank, shuffled); the 0.95-nucleus holds a few tokens, so
     the `lax.top_k` candidates decide the cut.
   flat: standard-normal rows; the 0.95-nucleus holds ~110k tokens, so every row is bisected.
-"old sort" rows run `_process_logits_by_sort`, the full-sort implementation this replaced.
+"old sort" rows run `process_logits_by_sort`, the full-sort implementation this replaced.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def process_entries(kind: str, rows: int, vocab: int, repeats: int) -> list[dict
     logits = make_logits(kind, (rows,), vocab)
     entries = []
     configs = [(name, cfg, sampling.process_logits) for name, cfg in PROCESS_CONFIGS.items()]
-    configs += [(name, cfg, sampling._process_logits_by_sort) for name, cfg in OLD_CONFIGS.items()]
+    configs += [(name, cfg, sampling.process_logits_by_sort) for name, cfg in OLD_CONFIGS.items()]
     for name, cfg, fn in configs:
         compiled = compile_fn(lambda x, fn=fn, cfg=cfg: fn(x, cfg), logits)
         ms = median_ms(compiled, (logits,), repeats)
@@ -117,7 +117,7 @@ def verify_entries(kind: str, vocab: int, repeats: int, batch: int = 1, gamma: i
         fn = lambda r, t, d, x, cfg=cfg: sampling.verify_detailed(r, t, d, x, cfg)  # noqa: E731
         if old_filter:
             # Trace verify_detailed with the full-sort filter in place of process_logits.
-            with mock.patch.object(sampling, "process_logits", sampling._process_logits_by_sort):
+            with mock.patch.object(sampling, "process_logits", sampling.process_logits_by_sort):
                 compiled = compile_fn(fn, *args)
         else:
             compiled = compile_fn(fn, *args)

@@ -11,7 +11,7 @@ sampling from `process_logits(target_logits)` one token at a time.
 No public function sorts the vocabulary (V = 151,936 for Qwen2.5, where a full sort costs ~36 ms per
 row on CPU). Top-k reads `lax.top_k`; top-p reads the `NUCLEUS_CANDIDATES` largest logits and, for a
 row whose nucleus is larger than that, bisects on the threshold (`_nucleus_threshold_by_bisection`).
-The sort-based definition stays as `_process_logits_by_sort`, the oracle of the tests.
+The sort-based definition stays as `process_logits_by_sort`, the oracle of the tests.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _greedy_tokens(logits: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(hit, index, logits.shape[-1]), axis=-1)
 
 
-def _categorical(rng: jax.Array, log_probs: jax.Array) -> jax.Array:
+def categorical(rng: jax.Array, log_probs: jax.Array) -> jax.Array:
     """[..., V] -> [...] int32: `jax.random.categorical(rng, log_probs)`, the very same draw.
 
     The same Gumbel-max on the same noise, but ~3x faster on XLA:CPU, where the argmax that
@@ -86,7 +86,7 @@ def _one_hot_log_probs(tokens: jax.Array, vocab: int) -> jax.Array:
     return jnp.where(jax.nn.one_hot(tokens, vocab, dtype=jnp.bool_), 0.0, NEG_INF)
 
 
-def _nucleus_threshold_by_sort(logits: jax.Array, top_p: float) -> jax.Array:
+def nucleus_threshold_by_sort(logits: jax.Array, top_p: float) -> jax.Array:
     """Reference top-p cut by a full sort: the definition, kept as the tests' oracle.
 
     Args:
@@ -103,7 +103,7 @@ def _nucleus_threshold_by_sort(logits: jax.Array, top_p: float) -> jax.Array:
     return jnp.min(jnp.where(kept, sorted_logits, jnp.inf), axis=-1, keepdims=True)
 
 
-def _process_logits_by_sort(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+def process_logits_by_sort(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """`process_logits` as it was before the sort-free cut: the oracle of tests and benchmarks."""
     logits = logits.astype(jnp.float32)
     if cfg.greedy:
@@ -113,7 +113,7 @@ def _process_logits_by_sort(logits: jax.Array, cfg: SamplingConfig) -> jax.Array
         kth_largest = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]
         logits = jnp.where(logits < kth_largest, NEG_INF, logits)
     if cfg.top_p < 1.0:
-        threshold = _nucleus_threshold_by_sort(logits, cfg.top_p)
+        threshold = nucleus_threshold_by_sort(logits, cfg.top_p)
         logits = jnp.where(logits < threshold, NEG_INF, logits)
     return jax.nn.log_softmax(logits, axis=-1)
 
@@ -223,13 +223,13 @@ def _nucleus_threshold_by_bisection(
     return _key_value(hi)[None]
 
 
-def _nucleus_threshold(
+def nucleus_threshold(
     logits: jax.Array,
     top_p: float,
     candidates: jax.Array | None = None,
     num_candidates: int = NUCLEUS_CANDIDATES,
 ) -> jax.Array:
-    """The top-p cut of `_nucleus_threshold_by_sort`, without sorting the vocabulary.
+    """The top-p cut of `nucleus_threshold_by_sort`, without sorting the vocabulary.
 
     The K largest logits decide the cut whenever it falls inside them. A row whose K candidates are
     all kept is bisected; one row at a time under a per-row cond, so only such rows pay for it.
@@ -307,7 +307,7 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
         logits = jnp.where(logits < kth_largest, NEG_INF, logits)
         candidates = jnp.where(largest < kth_largest, NEG_INF, largest)
     if top_p:
-        threshold = _nucleus_threshold(logits, cfg.top_p, candidates)
+        threshold = nucleus_threshold(logits, cfg.top_p, candidates)
         logits = jnp.where(logits < threshold, NEG_INF, logits)
     return jax.nn.log_softmax(logits, axis=-1)
 
@@ -327,7 +327,7 @@ def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.
         tokens = _greedy_tokens(logits)  # the argmax of the one-hot, without reading it back
         return tokens, _one_hot_log_probs(tokens, logits.shape[-1])
     log_probs = process_logits(logits, cfg)
-    return _categorical(rng, log_probs), log_probs
+    return categorical(rng, log_probs), log_probs
 
 
 def _verify_greedy(
@@ -394,7 +394,7 @@ def verify_detailed(
     mass = jnp.sum(residual, axis=-1, keepdims=True)
     # mass == 0 only when p == q at that position, where rejection had probability 0: fall back to p.
     next_dist = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
-    next_token = _categorical(resample_rng, jnp.log(next_dist))
+    next_token = categorical(resample_rng, jnp.log(next_dist))
     return num_accepted.astype(jnp.int32), next_token, beta
 
 

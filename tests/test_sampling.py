@@ -164,7 +164,7 @@ QWEN_VOCAB = 151_936
 ROUNDING_BAND = 2e-6
 
 _process = jax.jit(sampling.process_logits, static_argnums=1)
-_process_by_sort = jax.jit(sampling._process_logits_by_sort, static_argnums=1)
+_process_by_sort = jax.jit(sampling.process_logits_by_sort, static_argnums=1)
 
 
 def _zipf_rows(rows, vocab, seed, exponent=2.0):
@@ -364,10 +364,10 @@ def test_bisection_matches_sort_on_small_rows():
     rows[40:60] = -(2.0 ** -rng.permutation(np.arange(40.0)))  # one binade per token
     rows[60:80] = 2.0 ** rng.permutation(np.arange(-60.0, 60.0, 3.0))
     rows = jnp.asarray(rows, jnp.float32)
-    cut = jax.jit(sampling._nucleus_threshold, static_argnums=(1, 3))
+    cut = jax.jit(sampling.nucleus_threshold, static_argnums=(1, 3))
     for top_p in (0.01, 0.37, 0.83, 0.999):
         kept = np.asarray(rows >= cut(rows, top_p, None, 3))
-        kept_ref = np.asarray(rows >= sampling._nucleus_threshold_by_sort(rows, top_p))
+        kept_ref = np.asarray(rows >= sampling.nucleus_threshold_by_sort(rows, top_p))
         np.testing.assert_array_equal(kept, kept_ref)
 
 
@@ -382,7 +382,7 @@ def test_no_full_vocabulary_sort_is_compiled():
     ):
         hlo = jax.jit(sampling.process_logits, static_argnums=1).lower(x, cfg).compile().as_text()
         assert not [line for line in hlo.splitlines() if " sort(" in line], cfg
-    hlo = jax.jit(sampling._process_logits_by_sort, static_argnums=1).lower(x, cfg).compile()
+    hlo = jax.jit(sampling.process_logits_by_sort, static_argnums=1).lower(x, cfg).compile()
     assert " sort(" in hlo.as_text()  # the check can see a sort
 
 
@@ -435,7 +435,7 @@ def test_categorical_is_jax_random_categorical():
     for seed in range(4):
         key = jax.random.PRNGKey(seed)
         np.testing.assert_array_equal(
-            sampling._categorical(key, log_probs), jax.random.categorical(key, log_probs, axis=-1)
+            sampling.categorical(key, log_probs), jax.random.categorical(key, log_probs, axis=-1)
         )
         tokens, _ = sampling.sample(key, logits, SamplingConfig(temperature=1.0))
         np.testing.assert_array_equal(tokens, jax.random.categorical(key, log_probs, axis=-1))
