@@ -149,7 +149,7 @@ class HuggingFace:
                 self.draft.generation_config.num_assistant_tokens = 20
                 self.draft.generation_config.num_assistant_tokens_schedule = "heuristic"
         prompt = torch.tensor([ids])
-        if not warm:  # one untimed call per program: torch allocates and tunes on first use
+        if not warm:  # one untimed call: torch allocates and tunes on first use
             with torch.no_grad():
                 torch.manual_seed(seed)
                 self.target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
@@ -208,8 +208,10 @@ def run(args) -> dict[str, Any]:
                 if side == "ours":
                     tokens, seconds, stats = ours.run(name, arg, ids, sampling, args.seed + j)
                 else:
+                    # one untimed call before the first timed one (torch has no compile step,
+                    # but allocates and picks kernels on first use)
                     tokens, seconds, stats = hf.run(
-                        arg, ids, sampling, stop_ids, args.seed + j, name in warm
+                        arg, ids, sampling, stop_ids, args.seed + j, bool(warm)
                     )
                     warm.add(name)
                 r = rows[name]

@@ -96,8 +96,9 @@ def read_bandwidth(rows: int = 16384, cols: int = 8192, repeats: int = 10) -> fl
     [rows, cols] float32 matrix, 512 MiB by default).
 
     A batch-1 decode step must read every weight once, so weight bytes / this is its floor. A GEMV
-    is the bound to compare with: a jitted sum over the same bytes under-reads it (~22 against
-    35-44 GB/s on this 2-core machine, docs/benchmarks.md).
+    over a matrix much larger than the last-level cache is the bound to compare with: a jitted sum
+    over the same bytes under-reads it (~22 against ~28 GB/s on this 2-core VM), and a matrix that
+    fits in cache over-reads it (docs/benchmarks.md).
     """
     weight = jnp.full((rows, cols), 0.5, jnp.float32)
     x = jnp.ones((1, cols), jnp.float32)
