@@ -62,7 +62,7 @@ class Ours:
 
     def run(self, name, gamma, ids, sampling, seed):
         config = decoding.DecodeConfig(
-            self.args.max_new_tokens, self.vocab.stop_ids(), sampling, gamma
+            self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma
         )
         batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
         key = (name, config)
@@ -184,7 +184,7 @@ def run(args) -> dict[str, Any]:
         prompts.append(ids)
     width = inputs.bucket(max(len(p) for p in prompts), 4096)
     ours = Ours(target_path, draft_path, width, args)
-    stop_ids = ours.vocab.stop_ids()
+    stop_ids = vocab.stop_ids(ours.vocab)
     print(
         f"loaded: ours {ours.load_s:.0f}s, transformers {hf.load_s:.0f}s (apart); "
         f"prompts HumanEval/{chosen[0]}..{chosen[-1]}, width {width}, stop ids {stop_ids}",
