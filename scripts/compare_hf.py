@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, timing, vocab
+from speculative import checkpoints, decoding, fetch, inputs, runner, timing, vocab
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 
@@ -66,18 +66,14 @@ class Ours:
         )
         batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
         key = (name, config)
-        if key not in self.compiled:
-            if gamma is None:
-                fn, args = decoding.autoregressive_loop, (self.target, self.t_params)
-            else:
-                fn = decoding.speculative_loop
-                args = (self.target, self.t_params, self.draft, self.d_params)
-            compiled, seconds = timing.compile_ahead(fn, *args, batch, rng, config=config)
+        if key not in self.compiled:  # compile once per program, warm up once, both untimed
+            draft = (self.draft, self.d_params) if gamma is not None else (None, None)
+            program = runner.Decoder(self.target, self.t_params, config, *draft)
+            self.compiled[key], seconds = program.compile(batch, rng)
             self.compile_s[name] = self.compile_s.get(name, 0.0) + seconds
-            self.compiled[key] = compiled
-            timing.block(self._call(key, gamma, batch, rng))  # warm-up, not timed
+            timing.block(self.compiled[key](batch, rng))
         start = time.perf_counter()
-        out = timing.block(self._call(key, gamma, batch, rng))
+        out = timing.block(self.compiled[key](batch, rng))
         seconds = time.perf_counter() - start
         n = int(out.lengths[0])
         tokens = [int(t) for t in np.asarray(out.tokens[0, :n])]
@@ -86,14 +82,6 @@ class Ours:
             stats["alpha"] = float(out.stats.alpha[0])
             stats["verified"] = int(out.stats.verified[0])
         return tokens, seconds, stats
-
-    def _call(self, key, gamma, batch, rng):
-        compiled = self.compiled[key]
-        if gamma is None:
-            out = compiled(self.t_params, batch, rng)
-        else:
-            out = compiled(self.t_params, self.d_params, batch, rng)
-        return decoding.check_finite(out, "target")
 
 
 class HuggingFace:

@@ -45,14 +45,6 @@ def _median_seconds(fn, *args, repeats: int) -> float:
     return timing.time_call(lambda: fn(*args), repeats)[1]
 
 
-def gemv_bandwidth(rows: int = 16384, cols: int = 8192, repeats: int = 20) -> float:
-    """Bytes per second a one-row product streams an output-major [rows, cols] float32 matrix."""
-    w = jnp.ones((rows, cols), jnp.float32)
-    x = jnp.ones((1, cols), jnp.float32)
-    f = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w))
-    return w.nbytes / _median_seconds(f, x, w, repeats=repeats)
-
-
 def op_table(cfg: decoder.DecoderConfig, length: int, cache_fill: int, repeats: int) -> list[dict]:
     """Each op of one layer (and the logits) for `length` rows, compiled alone."""
     e, h, k, d, m, v = (
@@ -148,7 +140,7 @@ def main() -> None:
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     print(f"model: {source}, {weight_bytes / 1e9:.2f} GB float32", flush=True)
 
-    bandwidth = gemv_bandwidth()
+    bandwidth = timing.read_bandwidth()
     print(f"GEMV streaming bound: {bandwidth / 1e9:.1f} GB/s", flush=True)
     prompt = jnp.ones((1, args.cache_fill), jnp.int32)
     batch = {"prompt": prompt, "prompt_lengths": jnp.full((1,), args.cache_fill, jnp.int32)}

@@ -256,7 +256,7 @@ def _initial_loop_state(
 
 def _emit(
     s: LoopState, block: jax.Array, count: jax.Array, config: DecodeConfig
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+) -> tuple[LoopState, jax.Array]:
     """Appends the first count[b] tokens of block[b] to each active row, stopping at a stop id or
     at max_decode_len.
 
@@ -264,7 +264,7 @@ def _emit(
       s: loop state (its tokens [B, T + slack], lengths [B], done [B] are read).
       block: [B, K] candidate tokens; count [B] how many of them the round produced (1..K).
     Returns:
-      (tokens, lengths, done, emitted [B]) after the append.
+      (s with tokens, lengths and done after the append, emitted [B]).
     """
     limit = config.max_decode_len
     in_block = jnp.arange(block.shape[1])[None, :] < count[:, None]
@@ -277,7 +277,7 @@ def _emit(
     tokens = write_rows(s.tokens, block, jnp.where(s.done, limit, s.lengths))
     lengths = s.lengths + count
     done = s.done | has_stop | (lengths >= limit)
-    return tokens, lengths, done, count
+    return s.replace(tokens=tokens, lengths=lengths, done=done), count
 
 
 def _output(s: LoopState, config: DecodeConfig, partitioner: Any) -> DecodeOutput:
@@ -327,20 +327,17 @@ def autoregressive_loop(
         rng, step_rng = jax.random.split(s.rng)
         logits, target = model.extend(params, s.target.replace(index=s.pos), s.last[:, None])
         token, _ = sample(step_rng, logits[:, 0], config.sampling)
-        tokens, lengths, done, emitted = _emit(s, token[:, None], jnp.ones_like(token), block)
+        emitted_state, emitted = _emit(s, token[:, None], jnp.ones_like(token), block)
         stats = s.stats.replace(
             target_calls=s.stats.target_calls + active,
             emitted=s.stats.emitted + emitted,
             nan_logits=s.stats.nan_logits | (active & _has_nan(logits)),
         )
-        return s.replace(
+        return emitted_state.replace(
             target=_constrain(partitioner, model, target, "target"),
             pos=s.pos + emitted,
             last=jnp.where(active, token, s.last),
             rng=rng,
-            tokens=tokens,
-            lengths=lengths,
-            done=done,
             stats=stats,
         )
 
@@ -421,7 +418,7 @@ def _speculative_round(
     rows = jnp.arange(n.shape[0])
     candidates = jnp.concatenate([draft_tokens, jnp.zeros_like(s.last)[:, None]], axis=1)
     candidates = candidates.at[rows, n].set(next_token)
-    tokens, lengths, done, emitted = _emit(s, candidates, n + 1, config)
+    emitted_state, emitted = _emit(s, candidates, n + 1, config)
 
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], s.last)
@@ -441,16 +438,13 @@ def _speculative_round(
         verified_at=st.verified_at + verified,
         nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
     )
-    return s.replace(
+    return emitted_state.replace(
         target=target_state.replace(index=pos),
         draft=draft_state,
         pos=pos,
         last=jnp.where(active, next_token, s.last),
         prev=jnp.where(active, prev, s.prev),
         rng=rng,
-        tokens=tokens,
-        lengths=lengths,
-        done=done,
         stats=stats,
     )
 
@@ -552,8 +546,6 @@ def speculative_decode(
       forward step), drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions),
       tokens_per_call (tau), accepted_at / verified_at [B, G].
     """
-    if not _is_int(gamma) or gamma < 1:  # before the config, which would name it the same way
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     config = DecodeConfig(max_decode_len, eos_id, sampling, gamma)
     check_pair(target, draft)
     models = [(target, target_params, "target"), (draft, draft_params, "draft")]

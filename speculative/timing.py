@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import inputs
+from speculative import sampling as sampling_lib
 
 
 def block(tree: Any) -> Any:
@@ -112,7 +113,6 @@ def sampling_round_time(
 ) -> float:
     """Median seconds of one speculative round's sampling work outside the models: gamma draft
     samples from [B, V] logits and `verify_detailed` on [B, gamma + 1, V] target logits."""
-    from speculative import sampling as sampling_lib
 
     @jax.jit
     def round_sampling(rng, draft_logits, target_logits):
