@@ -25,16 +25,22 @@ from speculative.partitioning import Partitioner
 Index = tuple[slice, ...]
 
 
-def open_t5x(path: str) -> tuple[dict[str, Any], int]:
+def open_t5x(
+    path: str,
+    expected: dict[str, tuple[int, ...]] | None = None,
+    allow_missing_chunks: bool = False,
+) -> tuple[dict[str, Any], int]:
     """Flat {name: opened TensorStore | inline numpy array} of a T5X checkpoint's target, version.
 
-    Opening reads only metadata (.zarray); no parameter data is read here.
+    Opening reads only metadata (.zarray) and lists the chunk files; no parameter data is read
+    here. With `expected` ({name: shape}) names and shapes are validated first; absent chunk files
+    are refused unless `allow_missing_chunks` (see checkpoints/t5x.py).
     """
-    leaves, version = t5x.read_target_leaves(path)
-    flat = {}
-    for name, leaf in leaves.items():
-        if t5x.is_ts_spec(leaf):
-            flat[name] = t5x.open_param(path, name, leaf)
+    flat, version = t5x.open_params(path, expected)
+    for name, leaf in flat.items():
+        if t5x.is_tensorstore(leaf):
+            if not allow_missing_chunks:
+                t5x.check_chunks(leaf, path, name)
         else:
             flat[name] = np.asarray(leaf)
     return flat, version
@@ -82,27 +88,30 @@ def load_t5x_sharded(
     partitioner: Partitioner,
     role: str = "target",
     dtype: Any = jnp.float32,
+    *,
+    allow_missing_chunks: bool = False,
 ) -> dict[str, Any]:
     """Loads a T5X checkpoint as params for `t5.T5(config)`, each parameter born on its shards.
 
     Args:
       partitioner: mesh and rules; `role` picks the target's or the draft's rules.
       dtype: parameter dtype (bfloat16 on accelerators); cast slice by slice.
+      allow_missing_chunks: accept absent zarr chunk files (read as the fill value); refused by
+        default, as in `checkpoints.load_t5x`.
     Returns:
       Nested params of global jax.Arrays sharded as `partitioner.param_shardings(model, role)`.
     Raises:
-      ValueError naming the parameter on a missing, unexpected or mis-shaped one, or an unreadable
-      chunk; the mesh-divisibility ValueError of `partitioning.resolve_rules`.
+      ValueError naming the parameter on a missing, unexpected or mis-shaped one, an unreadable
+      chunk or (by default) a missing chunk file; the mesh-divisibility ValueError of `partitioning.resolve_rules`.
     """
     where = f"T5X checkpoint {path}"
     model = t5.T5(config)
     shardings = validation.flatten(partitioner.param_shardings(model, role))
     if t5x.is_orbax(path):
-        params = t5x.load_t5x(path, config, dtype)
+        params = t5x.load_t5x(path, config, dtype, allow_missing_chunks=allow_missing_chunks)
         return partitioner.place_params(model, params, role)
-    flat, version = open_t5x(path)
     expected = validation.expected_shapes(jax.eval_shape(model.init_params, jax.random.PRNGKey(0)))
-    validation.validate(flat, expected, where)
+    flat, version = open_t5x(path, expected, allow_missing_chunks)
     placed = {
         name: jax.make_array_from_callback(
             expected[name], shardings[name], _shard_reader(name, src, version, dtype, where)

@@ -138,6 +138,82 @@ def test_t5x_truncated_zarr_chunk(tmp_path, params):
         load_t5x(str(tmp_path), CONFIG)
 
 
+QUERY_DIR = "target.decoder.layers_0.self_attention.query.kernel"
+QUERY_NAME = "decoder/layers_0/self_attention/query/kernel"
+
+
+def test_t5x_missing_chunk_is_refused_by_default(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    (tmp_path / QUERY_DIR / "1.0").unlink()  # one of the 2 x 2 chunks
+    with pytest.raises(ValueError) as info:
+        load_t5x(str(tmp_path), CONFIG)
+    message = str(info.value)
+    assert str(tmp_path) in message and repr(QUERY_NAME) in message
+    assert "1 of its 4 chunk files are missing (grid positions (1, 0))" in message
+    assert "allow_missing_chunks=True" in message
+    # Opting in reads the chunk as the fill value (zeros), as zarr defines it.
+    loaded = load_t5x(str(tmp_path), CONFIG, allow_missing_chunks=True)
+    kernel = np.asarray(traverse_util.flatten_dict(loaded, sep="/")[QUERY_NAME])
+    want = np.asarray(traverse_util.flatten_dict(params, sep="/")[QUERY_NAME])
+    np.testing.assert_array_equal(kernel[8:, :8], 0)  # chunk (1, 0) of the 16 x 16 kernel
+    np.testing.assert_array_equal(kernel[:8], want[:8])
+    np.testing.assert_array_equal(kernel[8:, 8:], want[8:, 8:])
+
+
+def test_t5x_all_chunks_missing(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    for chunk in (tmp_path / QUERY_DIR).iterdir():
+        if chunk.name != ".zarray":
+            chunk.unlink()
+    with pytest.raises(
+        ValueError,
+        match=r"'decoder/layers_0/self_attention/query/kernel': 4 of its 4 chunk files are "
+        r"missing \(grid positions \(0, 0\), \(0, 1\), \(1, 0\), \(1, 1\)\)",
+    ):
+        load_t5x(str(tmp_path), CONFIG)
+    loaded = load_t5x(str(tmp_path), CONFIG, allow_missing_chunks=True)
+    assert not np.any(np.asarray(traverse_util.flatten_dict(loaded, sep="/")[QUERY_NAME]))
+
+
+def test_t5x_sharded_reader_refuses_missing_chunks(tmp_path, params):
+    from speculative import partitioning, sharded_checkpoints
+
+    write_t5x_checkpoint(tmp_path, params)
+    (tmp_path / QUERY_DIR / "0.1").unlink()
+    partitioner = partitioning.create_partitioner(1, 1)
+    with pytest.raises(ValueError, match=r"query/kernel'.*grid positions \(0, 1\)"):
+        sharded_checkpoints.load_t5x_sharded(str(tmp_path), CONFIG, partitioner)
+    loaded = sharded_checkpoints.load_t5x_sharded(
+        str(tmp_path), CONFIG, partitioner, allow_missing_chunks=True
+    )
+    kernel = np.asarray(traverse_util.flatten_dict(loaded, sep="/")[QUERY_NAME])
+    np.testing.assert_array_equal(kernel[:8, 8:], 0)
+
+
+def test_t5x_zarray_must_match_the_msgpack_spec(tmp_path, params):
+    """A .zarray whose dtype disagrees with the msgpack's spec is refused, not reinterpreted."""
+    write_t5x_checkpoint(tmp_path, params)
+    zarray = tmp_path / QUERY_DIR / ".zarray"
+    zarray.write_text(zarray.read_text().replace('"<f4"', '">f4"'))
+    with pytest.raises(ValueError, match=f"{tmp_path}: cannot open parameter '{QUERY_NAME}'"):
+        load_t5x(str(tmp_path), CONFIG)
+
+
+def test_t5x_huge_declared_shape_is_refused_before_reading(tmp_path, params):
+    write_t5x_checkpoint(tmp_path, params)
+    # The msgpack spec and the .zarray agree on a 2**40-row kernel: refused before any read.
+    state = serialization.msgpack_restore((tmp_path / "checkpoint").read_bytes())
+    spec = state["optimizer"]["target"]["decoder"]["layers_0"]["self_attention"]["query"]
+    spec["kernel"]["metadata"]["shape"] = [2**40, 16]
+    (tmp_path / "checkpoint").write_bytes(serialization.msgpack_serialize(state))
+    zarray = tmp_path / QUERY_DIR / ".zarray"
+    meta = json.loads(zarray.read_text())
+    meta["shape"] = [2**40, 16]
+    zarray.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"query/kernel' has shape \(1099511627776, 16\)"):
+        load_t5x(str(tmp_path), CONFIG)
+
+
 def test_t5x_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no T5X 'checkpoint'"):
         load_t5x(str(tmp_path), CONFIG)

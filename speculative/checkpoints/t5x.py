@@ -10,12 +10,20 @@ kvstore path is relative to the checkpoint directory); small ones may be stored 
 Version 2 and older wrote bfloat16 as uint16. Everything is read through TensorStore, so `gs://`
 directories work as well as local ones.
 
+Zarr lets a writer leave out chunks (they read as the fill value), but a trainer's checkpoint with
+absent chunk files is almost always a copy gone wrong, so they are refused unless the caller passes
+`allow_missing_chunks=True`. The dtype and shape the msgpack declares are handed to TensorStore when
+an array is opened, which checks the `.zarray` against them; shapes are checked against the model
+before any data is read, so a corrupt `.zarray` cannot make the loader allocate more than the model.
+
 Orbax checkpoints (a `_METADATA` or `manifest.ocdbt` file in the directory) are read with
 orbax-checkpoint when it is installed; the parameters are the `target` (T5X) or `params` subtree.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from typing import Any
 
@@ -30,6 +38,9 @@ from speculative.checkpoints import validation
 from speculative.models import t5
 
 _ORBAX_MARKERS = ("_METADATA", "manifest.ocdbt")
+# Beyond this many chunks, missing ones are counted by one query but not located one by one.
+_MAX_CHUNKS_TO_LOCATE = 4096
+_CHUNKS_NAMED = 8
 
 
 def _directory_url(path: str) -> str:
@@ -69,19 +80,109 @@ def _relative_path(spec: dict[str, Any]) -> str:
     raise ValueError(f"TensorStore spec without a path: {spec}")
 
 
-def open_param(directory: str, name: str, spec: dict[str, Any]) -> Any:
+def _declared_metadata(spec: dict[str, Any], version: int) -> dict[str, Any]:
+    """The zarr dtype and shape the msgpack declares, for TensorStore to check the .zarray against.
+
+    Pre-v3 checkpoints stored bfloat16 as uint16 under specs that may say otherwise, so only their
+    shape is checked.
+    """
+    metadata = spec.get("metadata")
+    if not isinstance(metadata, dict):
+        return {}
+    keys = ("dtype", "shape") if version >= 3 else ("shape",)
+    return {key: metadata[key] for key in keys if key in metadata}
+
+
+def open_param(directory: str, name: str, spec: dict[str, Any], version: int = 3) -> Any:
     """Opens one TensorStore-stored parameter of a T5X checkpoint (reads only its metadata)."""
-    url = _directory_url(directory) + _relative_path(spec).strip("/") + "/"
+    where = f"T5X checkpoint {directory}"
     try:
-        return ts.open({"driver": spec.get("driver", "zarr"), "kvstore": url}, open=True).result()
+        url = _directory_url(directory) + _relative_path(spec).strip("/") + "/"
+        open_spec = {"driver": spec.get("driver", "zarr"), "kvstore": url}
+        declared = _declared_metadata(spec, version)
+        if declared:
+            open_spec["metadata"] = declared
+        return ts.open(open_spec, open=True).result()
     except Exception as e:  # tensorstore raises ValueError / RuntimeError variants
+        raise ValueError(f"{where}: cannot open parameter {name!r} ({spec}): {e}") from e
+
+
+def _chunk_slices(store: Any, cell: tuple[int, ...]) -> tuple[slice, ...]:
+    layout = store.chunk_layout
+    shape, origin = layout.read_chunk.shape, layout.grid_origin
+    return tuple(
+        slice(max(lo, o + i * c), min(hi, o + (i + 1) * c))
+        for i, c, o, lo, hi in zip(
+            cell, shape, origin, store.domain.inclusive_min, store.domain.exclusive_max
+        )
+    )
+
+
+def missing_chunks(store: Any) -> tuple[int, list[tuple[int, ...]] | None]:
+    """(number of chunks in the grid, grid positions of those absent from the kvstore).
+
+    Absent chunks read as the fill value. Uses TensorStore's storage statistics (a listing of the
+    array's kvstore), so nothing is read or guessed from file names. The positions are None when
+    some chunks are missing but the grid is too large to locate them one by one.
+    """
+    chunk = store.chunk_layout.read_chunk.shape
+    grid = [math.ceil(n / c) if c else 1 for n, c in zip(store.domain.shape, chunk)]
+    total = math.prod(grid)
+    query = {"query_not_stored": False, "query_fully_stored": True}
+    if store.storage_statistics(**query).result().fully_stored:
+        return total, []
+    if total > _MAX_CHUNKS_TO_LOCATE:
+        return total, None
+    cells = list(itertools.product(*(range(n) for n in grid)))
+    pending = [store[_chunk_slices(store, cell)].storage_statistics(**query) for cell in cells]
+    return total, [cell for cell, f in zip(cells, pending) if not f.result().fully_stored]
+
+
+def check_chunks(store: Any, directory: str, name: str) -> None:
+    """Raises ValueError naming the parameter and its missing chunk files, if any are absent."""
+    try:
+        total, missing = missing_chunks(store)
+    except Exception as e:
         raise ValueError(
-            f"T5X checkpoint {directory}: cannot open parameter {name!r} from {url}: {e}"
+            f"T5X checkpoint {directory}: cannot list the chunks of parameter {name!r}: {e}"
         ) from e
+    if missing == []:
+        return
+    if missing is None:
+        which = f"some of its {total} chunk files are missing"
+    else:
+        shown = ", ".join(str(cell) for cell in missing[:_CHUNKS_NAMED])
+        more = f" and {len(missing) - _CHUNKS_NAMED} more" if len(missing) > _CHUNKS_NAMED else ""
+        which = (
+            f"{len(missing)} of its {total} chunk files are missing (grid positions {shown}{more})"
+        )
+    raise ValueError(
+        f"T5X checkpoint {directory}: parameter {name!r}: {which} in "
+        f"{store.kvstore.path}; they would read as the fill value. Pass "
+        "allow_missing_chunks=True if the writer left out all-zero chunks on purpose"
+    )
 
 
-def _read_ts_param(directory: str, name: str, spec: dict[str, Any], version: int) -> np.ndarray:
-    store = open_param(directory, name, spec)
+def open_params(
+    path: str, expected: dict[str, tuple[int, ...]] | None = None
+) -> tuple[dict[str, Any], int]:
+    """Flat {name: opened TensorStore | inline leaf} of a T5X checkpoint's target, and its version.
+
+    Reads only metadata. With `expected` ({name: shape}), validates names and shapes before any
+    parameter data is read.
+    """
+    leaves, version = read_target_leaves(path)
+    flat = {
+        name: open_param(path, name, leaf, version) if is_ts_spec(leaf) else leaf
+        for name, leaf in leaves.items()
+    }
+    if expected is not None:
+        validation.validate(flat, expected, f"T5X checkpoint {path}")
+    return flat, version
+
+
+def read_param(store: Any, directory: str, name: str, version: int) -> np.ndarray:
+    """Reads one opened TensorStore parameter whole (pre-v3 uint16 storage viewed as bfloat16)."""
     try:
         array = np.asarray(store.read().result())
     except Exception as e:
@@ -101,18 +202,40 @@ def read_target_leaves(path: str) -> tuple[dict[str, Any], int]:
         state = serialization.msgpack_restore(raw)
     except Exception as e:
         raise ValueError(f"T5X checkpoint {path}: corrupt msgpack 'checkpoint' file: {e}") from e
-    if not isinstance(state, dict) or "target" not in state.get("optimizer", {}):
+    optimizer = state.get("optimizer") if isinstance(state, dict) else None
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("target"), dict):
         raise ValueError(f"T5X checkpoint {path}: msgpack has no optimizer/target parameters")
-    return _flatten(state["optimizer"]["target"]), int(state.get("version", 0))
+    version = state.get("version", 0)
+    if not isinstance(version, int | np.integer) or isinstance(version, bool):
+        raise ValueError(f"T5X checkpoint {path}: msgpack 'version' is {version!r}, not an integer")
+    return _flatten(optimizer["target"]), int(version)
 
 
-def read_t5x_params(path: str) -> dict[str, np.ndarray]:
-    """Flat {"encoder/layers_0/attention/query/kernel": array} of a T5X checkpoint's `target`."""
-    leaves, version = read_target_leaves(path)
-    return {
-        name: _read_ts_param(path, name, leaf, version) if is_ts_spec(leaf) else leaf
-        for name, leaf in leaves.items()
-    }
+def is_tensorstore(leaf: Any) -> bool:
+    """Whether a leaf of `open_params` is an opened TensorStore (not an inline array)."""
+    return isinstance(leaf, ts.TensorStore)
+
+
+def read_t5x_params(
+    path: str,
+    expected: dict[str, tuple[int, ...]] | None = None,
+    allow_missing_chunks: bool = False,
+) -> dict[str, np.ndarray]:
+    """Flat {"encoder/layers_0/attention/query/kernel": array} of a T5X checkpoint's `target`.
+
+    Args:
+      expected: optional {name: shape}; checked before any data is read.
+      allow_missing_chunks: read absent zarr chunks as the fill value instead of refusing them.
+    """
+    flat, version = open_params(path, expected)
+    params = {}
+    for name, leaf in flat.items():
+        if is_tensorstore(leaf):
+            if not allow_missing_chunks:
+                check_chunks(leaf, path, name)
+            leaf = read_param(leaf, path, name, version)
+        params[name] = leaf
+    return params
 
 
 def read_orbax_params(path: str) -> dict[str, np.ndarray]:
@@ -141,12 +264,26 @@ def is_orbax(path: str) -> bool:
     return any(_read_bytes(path, marker) is not None for marker in _ORBAX_MARKERS)
 
 
-def load_t5x(path: str, config: t5.T5Config, dtype: Any = jnp.float32) -> dict[str, Any]:
+def load_t5x(
+    path: str,
+    config: t5.T5Config,
+    dtype: Any = jnp.float32,
+    *,
+    allow_missing_chunks: bool = False,
+) -> dict[str, Any]:
     """Loads a T5X (or Orbax) checkpoint directory as params for `t5.T5(config)`, cast to dtype.
 
-    Raises ValueError naming the parameter on a missing, unexpected or mis-shaped parameter, or on
-    an unreadable (e.g. truncated) TensorStore chunk.
+    Args:
+      allow_missing_chunks: accept zarr arrays with absent chunk files (read as the fill value);
+        by default they are refused, since a trainer writes every chunk of its parameters.
+    Raises:
+      ValueError naming the parameter on a missing, unexpected or mis-shaped parameter, an
+      unreadable (e.g. truncated) TensorStore chunk, or (by default) missing chunk files.
     """
-    flat = read_orbax_params(path) if is_orbax(path) else read_t5x_params(path)
     expected = jax.eval_shape(t5.T5(config).init_params, jax.random.PRNGKey(0))
+    if is_orbax(path):
+        flat = read_orbax_params(path)
+    else:
+        shapes = validation.expected_shapes(expected)
+        flat = read_t5x_params(path, shapes, allow_missing_chunks)
     return validation.to_params(flat, expected, dtype, f"T5X checkpoint {path}")
