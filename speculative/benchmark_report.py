@@ -42,6 +42,67 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def batch_curve(result: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per sampling setting: each batch size's best measured gamma and its speedups, by batch.
+
+    Returns {sampling label: [{"batch", "gamma", "speedup", "decode_speedup", "alpha"}, ...]}.
+    """
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for cell in sorted(result["cells"], key=lambda c: c["batch_size"]):
+        best = max(cell["points"], key=lambda p: p["speedup"])
+        curves.setdefault(_sampling_label(cell), []).append(
+            {
+                "batch": cell["batch_size"],
+                "gamma": best["gamma"],
+                "speedup": best["speedup"],
+                "decode_speedup": best.get("decode_speedup", float("nan")),
+                "alpha": best["alpha"],
+            }
+        )
+    return curves
+
+
+def crossover_batch(curve: list[Mapping[str, Any]]) -> float | None:
+    """The batch size at which the best speedup falls to 1.0, interpolated in log2(batch).
+
+    curve: one sampling setting of batch_curve, sorted by batch. None when speculation wins at
+    every measured batch size; the smallest batch when it never wins.
+    """
+    if curve[0]["speedup"] <= 1.0:
+        return float(curve[0]["batch"])
+    for lo, hi in zip(curve, curve[1:]):
+        if hi["speedup"] <= 1.0:
+            x0, x1 = np.log2(lo["batch"]), np.log2(hi["batch"])
+            y0, y1 = lo["speedup"] - 1.0, hi["speedup"] - 1.0
+            return float(2 ** (x0 + (x1 - x0) * y0 / (y0 - y1)))
+    return None
+
+
+def batch_curve_table(result: Mapping[str, Any]) -> str:
+    """Markdown: the best gamma per batch size with its speedup, and the crossover line."""
+    lines = [
+        "| T | batch | best γ | α | speedup | decode-only speedup |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for label, curve in batch_curve(result).items():
+        for r in curve:
+            lines.append(
+                f"| {label} | {r['batch']} | {r['gamma']} | {r['alpha']:.3f} | {r['speedup']:.2f}x "
+                f"| {r['decode_speedup']:.2f}x |"
+            )
+        notes.append(_crossover_sentence(label, curve))
+    return "\n".join(lines + [""] + notes)
+
+
+def _crossover_sentence(label: str, curve: list[Mapping[str, Any]]) -> str:
+    batch = crossover_batch(curve)
+    largest = curve[-1]["batch"]
+    if batch is None:
+        return f"T {label}: speculation wins at every measured batch size (up to {largest})."
+    return f"T {label}: crossover (best speedup = 1.0) at batch ≈ {batch:.1f}."
+
+
 def _sampling_label(cell: Mapping[str, Any]) -> str:
     """ "0" (greedy), "1", or "1, top-p 0.95" / "1, top-k 40" when those filters were on."""
     label = f"{cell['temperature']:g}"
@@ -78,6 +139,8 @@ def print_table(result: Mapping[str, Any]) -> None:
                 f"batch 1, T {_sampling_label(cell)}: plain {1e3 * cell['plain_s_per_token']:.0f} ms "
                 f"per token (prefill included) vs weight-streaming floor {1e3 * floor:.0f} ms"
             )
+    if len({c["batch_size"] for c in result["cells"]}) > 1:
+        print("\n" + batch_curve_table(result))
     for s in result["skipped"]:
         print(f"batch {s['batch_size']} skipped: {s['reason']}")
 
@@ -133,7 +196,13 @@ def _speedup_vs_batch(ax, cells: list[Mapping[str, Any]]) -> None:
                 if p["gamma"] == gamma:
                     xs.append(cell["batch_size"])
                     ys.append(p["speedup"])
-        ax.plot(xs, ys, "o-", label=f"γ={gamma}")
+        ax.plot(xs, ys, "o-", label=f"γ={gamma}", alpha=0.6)
+    for curve in batch_curve({"cells": cells}).values():
+        xs = [r["batch"] for r in curve]
+        ax.plot(xs, [r["speedup"] for r in curve], "k-", lw=2, label="best γ")
+        batch = crossover_batch(curve)
+        if batch is not None:
+            ax.axvline(batch, color="k", ls=":", lw=1, label=f"crossover ≈ {batch:.1f}")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="batch size", ylabel="measured speedup")
 
