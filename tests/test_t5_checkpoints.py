@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -304,6 +305,121 @@ def test_hf_truncated_safetensors(tmp_path, params):
         load_hf_t5(str(tmp_path))
     path.write_bytes(data[:20])
     with pytest.raises(ValueError, match="truncated safetensors file: header needs"):
+        load_hf_t5(str(tmp_path))
+
+
+def rewrite_header(path, edit):
+    """Rewrites a safetensors file's JSON header with edit(header) -> header; the data stays."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.dumps(edit(json.loads(data[8 : 8 + size]))).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + size :])
+
+
+def test_hf_overlapping_offsets_are_refused(tmp_path, params):
+    """The decoder norm pointed at the encoder norm's bytes used to load them silently."""
+    write_hf(tmp_path, params)
+
+    def alias(header):
+        encoder = header["encoder.final_layer_norm.weight"]["data_offsets"]
+        header["decoder.final_layer_norm.weight"]["data_offsets"] = encoder
+        return header
+
+    rewrite_header(tmp_path / "model.safetensors", alias)
+    with pytest.raises(ValueError) as info:
+        load_hf_t5(str(tmp_path))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'model.safetensors'}: corrupt safetensors file")
+    assert "overlap" in message
+    assert "'decoder.final_layer_norm.weight'" in message
+    assert "'encoder.final_layer_norm.weight'" in message
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda h: list(h), "header is a JSON list, not an object"),
+        (lambda h: 7, "header is a JSON int, not an object"),
+        (
+            lambda h: {**h, "shared.weight": {**h["shared.weight"], "data_offsets": [-4, 0]}},
+            r"tensor 'shared.weight': data_offsets \[-4, 0\] are not",
+        ),
+        (
+            lambda h: {**h, "shared.weight": {**h["shared.weight"], "shape": [40, 17]}},
+            r"tensor 'shared.weight' has 2560 bytes for shape \(40, 17\) F32 \(2720 bytes\)",
+        ),
+        (
+            lambda h: {**h, "shared.weight": {**h["shared.weight"], "dtype": "Q4"}},
+            r"tensor 'shared.weight': unsupported dtype 'Q4'",
+        ),
+    ],
+    ids=["list", "int", "negative-offset", "wrong-size", "unknown-dtype"],
+)
+def test_hf_corrupt_header_names_file_and_tensor(tmp_path, params, edit, problem):
+    write_hf(tmp_path, params)
+    rewrite_header(tmp_path / "model.safetensors", edit)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path))}.*{problem}"):
+        load_hf_t5(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"vocab_size": 40,', "config is not valid JSON"),
+        ("{}", "config has no 'vocab_size'"),
+        ("[1, 2]", "config is a JSON list, not an object"),
+        ('{"vocab_size": "40"}', "config 'vocab_size' is '40', not a positive integer"),
+        ('{"vocab_size": 40, "d_model": "16"}', "config 'd_model' is '16', not a positive"),
+        ('{"vocab_size": 40, "num_layers": 0}', "config 'num_layers' is 0, not a positive"),
+        ('{"vocab_size": 40, "layer_norm_epsilon": "x"}', "'layer_norm_epsilon' is 'x'"),
+        ('{"vocab_size": 40, "feed_forward_proj": 3}', "'feed_forward_proj' is 3, not a string"),
+        ('{"vocab_size": 40, "model_type": "bert"}', "not a T5 config: model_type 'bert'"),
+        (b"\xff\xfe{}", "config is not valid JSON"),
+    ],
+    ids=[
+        "invalid-json",
+        "empty",
+        "list",
+        "string-vocab",
+        "string-d_model",
+        "zero-layers",
+        "string-eps",
+        "int-proj",
+        "bert",
+        "not-utf8",
+    ],
+)
+def test_hf_bad_config_json_is_a_one_line_error(tmp_path, params, text, problem):
+    write_hf(tmp_path, params)
+    config = tmp_path / "config.json"
+    if isinstance(text, bytes):
+        config.write_bytes(text)
+    else:
+        config.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_hf_t5(str(tmp_path))
+    message = str(info.value)
+    assert message.startswith(f"{config}: ") and problem in message
+    assert "\n" not in message
+
+
+def test_hf_config_with_more_layers_than_weights(tmp_path, params):
+    """A corrupt layer count is refused before the model's shapes are built."""
+    write_hf(tmp_path, params)
+    config = tmp_path / "config.json"
+    config.write_text(config.read_text().replace('"num_layers": 2', '"num_layers": 1000000000'))
+    with pytest.raises(ValueError, match="num_layers says 1000000000 encoder layers, but the"):
+        load_hf_t5(str(tmp_path))
+
+
+def test_hf_corrupt_index(tmp_path, params):
+    write_hf(tmp_path, params)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": ')
+    with pytest.raises(ValueError, match=f"{re.escape(str(index))}: safetensors index is not"):
+        load_hf_t5(str(tmp_path))
+    index.write_text('{"weight_map": {"shared.weight": "../model.safetensors"}}')
+    with pytest.raises(ValueError, match="shard '../model.safetensors' is outside"):
         load_hf_t5(str(tmp_path))
 
 

@@ -27,29 +27,52 @@ The math, checked against both implementations rather than assumed:
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
+import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors asks numpy for)
 import numpy as np
+import safetensors
 
 from speculative.checkpoints import validation
 from speculative.models import t5
 
-_DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
+# Element sizes of the safetensors dtypes, for naming the tensor in a header the library refuses.
+_ITEMSIZE = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "C64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
+
+# config.json fields read as sizes: positive integers (None where the field may be null).
+_SIZE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "num_decoder_layers",
+    "d_kv",
+    "d_ff",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+)
 
 _FEED_FORWARD = {
     "relu": ("relu",),
@@ -63,50 +86,136 @@ _FEED_FORWARD = {
 _TIED_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """Reads one .safetensors file into {name: numpy array} (memory-mapped, no pickle).
+def _header_problem(path: str) -> str | None:
+    """Why a safetensors header is inconsistent, naming the tensor; None if no reason is found.
 
-    Raises ValueError naming the file and tensor when the file is truncated or inconsistent.
+    Only used to explain a file the `safetensors` library has refused (its messages do not always
+    name the tensor): tensors must tile the data section in order, each with dtype x shape bytes.
     """
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ValueError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            return f"truncated safetensors file ({size} bytes, no header)"
         header_len = int.from_bytes(head, "little")
         if 8 + header_len > size:
-            raise ValueError(
-                f"{path}: truncated safetensors file: header needs {header_len} bytes, "
-                f"file has {size - 8}"
+            return (
+                f"truncated safetensors file: header needs {header_len} bytes, file has {size - 8}"
             )
         try:
             header = json.loads(f.read(header_len))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: corrupt safetensors header: {e}") from e
-    header.pop("__metadata__", None)
-    data_start = 8 + header_len
-    data_len = size - data_start
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start) if data_len else None
-    tensors = {}
+        except (ValueError, RecursionError) as e:
+            return f"header is not valid JSON: {e}"
+    if not isinstance(header, dict):
+        return f"header is a JSON {type(header).__name__}, not an object"
+    data_len = size - 8 - header_len
+    entries = []
     for name, info in header.items():
-        dtype = _DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        shape = tuple(info["shape"])
-        begin, end = info["data_offsets"]
-        if end > data_len:
-            raise ValueError(
-                f"{path}: truncated safetensors file: tensor {name!r} needs bytes "
-                f"[{begin}, {end}) of the data section, which has {data_len}"
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(info)
+        if problem:
+            return f"tensor {name!r}: {problem}"
+        begin, stop = info["data_offsets"]
+        nbytes = math.prod(info["shape"]) * _ITEMSIZE[info["dtype"]]
+        if stop - begin != nbytes:
+            return (
+                f"tensor {name!r} has {stop - begin} bytes for shape {tuple(info['shape'])} "
+                f"{info['dtype']} ({nbytes} bytes)"
             )
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if end - begin != nbytes:
-            raise ValueError(
-                f"{path}: tensor {name!r} has {end - begin} bytes for shape {shape} {info['dtype']}"
+        entries.append((begin, stop, name))
+    return _layout_problem(sorted(entries), data_len)
+
+
+def _layout_problem(entries: list[tuple[int, int, str]], data_len: int) -> str | None:
+    """The first overlap, then the first gap or overrun, of (begin, end, name) sorted by offset."""
+    for (_, end, previous), (begin, stop, name) in zip(entries, entries[1:]):
+        if begin < end:
+            return f"tensor {name!r}: data_offsets [{begin}, {stop}) overlap tensor {previous!r}"
+    end = 0
+    for begin, stop, name in entries:
+        if begin != end:
+            return f"tensor {name!r}: data_offsets [{begin}, {stop}) leave a gap after byte {end}"
+        if stop > data_len:
+            return (
+                f"truncated safetensors file: tensor {name!r} needs bytes [{begin}, {stop}) of "
+                f"the data section, which has {data_len}"
             )
-        raw = data[begin:end] if nbytes else np.zeros((0,), np.uint8)
-        tensors[name] = raw.view(dtype).reshape(shape)
-    return tensors
+        end = stop
+    if end != data_len:
+        return f"the data section has {data_len} bytes but the tensors cover {end}"
+    return None
+
+
+def _entry_problem(info: Any) -> str | None:
+    """What is malformed in one header entry ({"dtype", "shape", "data_offsets"}), if anything."""
+    if not isinstance(info, dict):
+        return f"header entry is {info!r}, not an object"
+    if info.get("dtype") not in _ITEMSIZE:
+        return f"unsupported dtype {info.get('dtype')!r}"
+
+    def naturals(value: Any) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value
+        )
+
+    if not naturals(info.get("shape")):
+        return f"shape {info.get('shape')!r} is not a list of non-negative integers"
+    offsets = info.get("data_offsets")
+    if not naturals(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+        return f"data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end"
+    return None
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Reads one .safetensors file into {name: numpy array} with the `safetensors` library.
+
+    The library validates the header (tensors in order, non-overlapping, inside the file, dtype x
+    shape bytes each) before any tensor is read, so a corrupt header cannot allocate more than the
+    file holds. bfloat16 comes back as ml_dtypes.bfloat16 (imported above, which numpy needs).
+    Raises:
+      ValueError naming the file (and the tensor where one is at fault) for a corrupt or truncated
+      file; FileNotFoundError if it does not exist.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such safetensors file")
+    try:
+        with safetensors.safe_open(path, framework="numpy") as f:
+            return {name: _get_tensor(f, name, path) for name in f.keys()}
+    except safetensors.SafetensorError as e:
+        problem = _header_problem(path)
+        raise ValueError(
+            f"{path}: corrupt safetensors file: {problem or e}"
+            + (f" (safetensors: {e})" if problem else "")
+        ) from e
+
+
+def _get_tensor(handle: Any, name: str, path: str) -> np.ndarray:
+    try:
+        return handle.get_tensor(name)
+    except TypeError as e:  # a dtype numpy cannot represent (e.g. float8 without ml_dtypes)
+        raise ValueError(f"{path}: tensor {name!r} cannot be read as a numpy array: {e}") from e
+
+
+def _read_json(path: str, role: str) -> Any:
+    """json.load of a file, with a ValueError naming the file on invalid JSON or bad encoding."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path}: {role} is not valid JSON: {e}") from e
+
+
+def _shard_paths(directory: str, index_path: str) -> dict[str, str]:
+    """{tensor name: shard file} from model.safetensors.index.json, checked for shape."""
+    index = _read_json(index_path, "safetensors index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path}: no 'weight_map' object of tensor name -> shard file")
+    for shard in set(weight_map.values()):
+        if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+            raise ValueError(f"{index_path}: shard {shard!r} is outside {directory}")
+    return weight_map
 
 
 def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
@@ -114,8 +223,7 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
     index_path = os.path.join(directory, "model.safetensors.index.json")
     single = os.path.join(directory, "model.safetensors")
     if os.path.exists(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = _shard_paths(directory, index_path)
         tensors = {}
         for shard in sorted(set(weight_map.values())):
             shard_tensors = read_safetensors(os.path.join(directory, shard))
@@ -133,16 +241,45 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
     )
 
 
-def config_from_hf(hf: dict[str, Any], logits_via_embedding: bool, dtype: Any) -> t5.T5Config:
-    """T5Config from an HF config.json dict; the output-layer flag comes from the weights."""
+def read_config(path: str) -> dict[str, Any]:
+    """An HF config.json as a dict, with a ValueError naming the file for anything unusable.
+
+    Checks that it is a JSON object with an integer `vocab_size`, that the sizes T5 reads are
+    positive integers, and that `layer_norm_epsilon` is a positive number.
+    """
+    hf = _read_json(path, "config")
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: config is a JSON {type(hf).__name__}, not an object")
+    if "vocab_size" not in hf:
+        raise ValueError(f"{path}: config has no 'vocab_size'")
+    for key in _SIZE_FIELDS:
+        value = hf.get(key)
+        if key == "num_decoder_layers" and value is None:
+            continue
+        if key in hf and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise ValueError(f"{path}: config {key!r} is {value!r}, not a positive integer")
+    eps = hf.get("layer_norm_epsilon", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1:
+        raise ValueError(f"{path}: config 'layer_norm_epsilon' is {eps!r}, not a number in (0, 1)")
+    for key in ("model_type", "feed_forward_proj"):
+        if key in hf and not isinstance(hf[key], str):
+            raise ValueError(f"{path}: config {key!r} is {hf[key]!r}, not a string")
+    return hf
+
+
+def config_from_hf(
+    hf: dict[str, Any], logits_via_embedding: bool, dtype: Any, source: str = "config.json"
+) -> t5.T5Config:
+    """T5Config from an HF config.json dict (see `read_config`); the output-layer flag comes from
+    the weights. `source` names the file in errors."""
     if hf.get("model_type", "t5") not in ("t5", "mt5", "umt5"):
-        raise ValueError(f"not a T5 config: model_type {hf.get('model_type')!r}")
+        raise ValueError(f"{source}: not a T5 config: model_type {hf.get('model_type')!r}")
     if hf.get("model_type") == "umt5":
-        raise ValueError("umT5 (per-layer relative position tables) is not supported")
+        raise ValueError(f"{source}: umT5 (per-layer relative position tables) is not supported")
     proj = hf.get("feed_forward_proj", "relu")
     if proj not in _FEED_FORWARD:
         raise ValueError(
-            f"unsupported feed_forward_proj {proj!r}; supported: {sorted(_FEED_FORWARD)}"
+            f"{source}: unsupported feed_forward_proj {proj!r}; supported: {sorted(_FEED_FORWARD)}"
         )
     layers = hf.get("num_layers", 6)
     decoder_layers = hf.get("num_decoder_layers")
@@ -210,17 +347,32 @@ def name_map(config: t5.T5Config) -> dict[str, tuple[str, bool]]:
     return names
 
 
+def _check_layer_counts(config: t5.T5Config, tensors: dict[str, Any], config_path: str) -> None:
+    """Refuses a config.json that declares more layers than the weights hold, before the model's
+    shapes are built (a corrupt layer count must not make the loader build a huge model)."""
+    for stack, layers, key in (
+        ("encoder", config.num_encoder_layers, "num_layers"),
+        ("decoder", config.num_decoder_layers, "num_decoder_layers"),
+    ):
+        pattern = re.compile(rf"{stack}\.block\.(\d+)\.")
+        blocks = {int(m.group(1)) for name in tensors if (m := pattern.match(name))}
+        if layers > (max(blocks) + 1 if blocks else 0):
+            raise ValueError(
+                f"{config_path}: {key} says {layers} {stack} layers, but the weights have "
+                f"{len(blocks)}"
+            )
+
+
 def load_hf_t5(path: str, dtype: Any = jnp.float32) -> tuple[t5.T5Config, dict[str, Any]]:
     """Loads an HF T5 / mT5 / ByT5 directory as (T5Config, T5X-named params cast to dtype).
 
-    Raises ValueError naming the parameter on a missing, unexpected or mis-shaped tensor, or a
-    truncated file.
+    Raises ValueError naming the parameter on a missing, unexpected or mis-shaped tensor, naming
+    the file on a corrupt or truncated safetensors file or an unusable config.json.
     """
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{path}: no config.json")
-    with open(config_path) as f:
-        hf = json.load(f)
+    hf = read_config(config_path)
     tensors = read_hf_weights(path)
 
     shared = tensors.get("shared.weight")
@@ -229,7 +381,10 @@ def load_hf_t5(path: str, dtype: Any = jnp.float32) -> tuple[t5.T5Config, dict[s
         shared is not None and lm_head.shape == shared.shape and np.array_equal(lm_head, shared)
     )
     scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
-    config = config_from_hf(hf, logits_via_embedding=tied and scaled, dtype=dtype)
+    if not isinstance(scaled, bool):
+        raise ValueError(f"{config_path}: 'scale_decoder_outputs' is {scaled!r}, not true/false")
+    config = config_from_hf(hf, tied and scaled, dtype, source=config_path)
+    _check_layer_counts(config, tensors, config_path)
 
     names = name_map(config)
     flat = {ours: tensors[theirs] for ours, (theirs, _) in names.items() if theirs in tensors}
