@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+# Roles a user-fixable error names first (`error: <role> <path>: <what is wrong>`).
+ROLES = ("target", "draft", "vocabulary", "draft vocabulary", "input")
+
 
 class JobError(Exception):
-    """A configuration or input problem the user can fix; jobs print it without a traceback."""
+    """A configuration or input problem the user can fix; jobs print it without a traceback.
+
+    With a role ('target', 'draft', 'vocabulary', 'input') the message reads
+    `<role> <path>: <what>`, so that the one line a job prints says which file is at fault.
+    """
+
+    def __init__(self, what: str, *, role: str | None = None, path: object = None):
+        self.role, self.path, self.what = role, path, what
+        named = " ".join(str(x) for x in (role, path) if x is not None and x != "")
+        super().__init__(f"{named}: {what}" if named else what)
+
+
+def strip_path(message: str, path: object) -> str:
+    """message without a leading "<path>: " (loaders name their file; the job names it first)."""
+    prefix = f"{path}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message

@@ -11,6 +11,8 @@
   the current directory and this repository's root are always searched, so
   `include 'configs/models/t5_1_1/xxl.gin'` works from anywhere.
 - Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
+- A problem the user can fix prints one line, `error: <role> <path>: <what is wrong>`, and exits
+  with status 2; `--debug` prints the full traceback instead.
 
 This module knows no job and registers no configurable: a job imports the modules whose
 configurables its gin files bind (e.g. `speculative.job_config`) before parsing. No absl: plain
@@ -23,6 +25,7 @@ import argparse
 import pathlib
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +67,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--print_config", action="store_true", help="print the parsed gin config and exit"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="print the full traceback of an error, not one line"
     )
     return parser
 
@@ -137,10 +143,16 @@ def configure_and_run(
 
 
 def run_job(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:
-    """Runs main(argv); a JobError is printed as one line on stderr with exit status 2."""
+    """Runs main(argv); a JobError is printed as one line on stderr with exit status 2 (with
+    `--debug` in argv, as its full traceback)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        main(sys.argv[1:] if argv is None else argv)
+        main(argv)
     except JobError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if "--debug" in argv:
+            traceback.print_exc()
+        else:
+            one_line = " ".join(str(e).split("\n"))  # a wrapped loader message stays one line
+            print(f"error: {one_line}", file=sys.stderr)
         return 2
     return 0
