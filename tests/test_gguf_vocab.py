@@ -150,14 +150,23 @@ def test_check_compatible(tmp_path):
     b = from_gguf(gt.write_tokenizer_only(tmp_path / "b.gguf", **meta))
     vocab.check_compatible(a, b)
 
-    renamed = meta["tokens"][:-1] + ["[PAD9]"]
+    assert meta["tokens"][-1] == "[PAD1]"  # the trained vocabulary ends with a padding piece
+    renamed = meta["tokens"][:-2] + ["<other>", "[PAD9]"]  # padding pieces' names do not matter
     c = from_gguf(gt.write_tokenizer_only(tmp_path / "c.gguf", **dict(meta, tokens=renamed)))
-    with pytest.raises(ValueError, match=f"differ at token id {len(renamed) - 1}"):
+    with pytest.raises(ValueError, match=f"differ at token id {len(renamed) - 2}"):
         vocab.check_compatible(a, c)
-    longer = dict(meta, tokens=meta["tokens"] + ["[PAD2]"], token_types=meta["token_types"] + [5])
-    d = from_gguf(gt.write_tokenizer_only(tmp_path / "d.gguf", **longer))
+    # Trailing "[PAD]" pieces are padding, never produced: compatible, in either role.
+    padded = dict(
+        meta, tokens=meta["tokens"] + ["[PAD2]", "[PAD3]"], token_types=meta["token_types"] + [5, 5]
+    )
+    d = from_gguf(gt.write_tokenizer_only(tmp_path / "d.gguf", **padded))
+    assert vocab.used_size(d) == vocab.used_size(a) == len(d.tokens) - 3
+    vocab.check_compatible(a, d)
+    vocab.check_compatible(d, a, draft_model_vocab_size=len(d.tokens) + 6)
+    longer = dict(meta, tokens=meta["tokens"] + ["extra"], token_types=meta["token_types"] + [1])
+    f = from_gguf(gt.write_tokenizer_only(tmp_path / "f.gguf", **longer))
     with pytest.raises(ValueError, match="differ in size"):
-        vocab.check_compatible(a, d)
+        vocab.check_compatible(a, f)
     e = from_gguf(gt.write_tokenizer_only(tmp_path / "e.gguf", **dict(meta, eos_id=0)))
     with pytest.raises(ValueError, match="EOS"):
         vocab.check_compatible(a, e)

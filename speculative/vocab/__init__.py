@@ -1,8 +1,8 @@
 """Vocabularies: a common interface, loaders per format, and the draft/target compatibility check."""
 
-from speculative.vocab.base import Vocabulary, check_compatible, stop_ids
+from speculative.vocab.base import Vocabulary, check_compatible, stop_ids, used_size
 
-__all__ = ["Vocabulary", "check_compatible", "stop_ids"]
+__all__ = ["Vocabulary", "check_compatible", "stop_ids", "used_size"]
 from speculative.vocab.gguf_vocab import from_gguf as from_gguf
 from speculative.vocab.sentencepiece_vocab import ByteVocabulary as ByteVocabulary
 from speculative.vocab.sentencepiece_vocab import SentencePieceVocabulary as SentencePieceVocabulary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -29,6 +30,23 @@ def stop_ids(vocabulary: Vocabulary) -> tuple[int, ...]:
     return tuple(getattr(vocabulary, "stop_ids", (vocabulary.eos_id,)))
 
 
+# Pieces that only pad a vocabulary to a round size (llama.cpp writes "[PAD151643]", ...).
+_PADDING_PIECE = re.compile(r"\[PAD\d*\]|<pad_\d+>")
+
+
+def used_size(vocabulary: Vocabulary) -> int:
+    """Ids the tokenizer can produce: its pieces less any trailing padding pieces ("[PAD7]").
+
+    Ids from here to the model's output size are padding: never encoded, so never a valid output
+    either (the jobs mask them out of every distribution).
+    """
+    tokens = list(vocabulary.tokens)
+    size = len(tokens)
+    while size > 0 and _PADDING_PIECE.fullmatch(tokens[size - 1]):
+        size -= 1
+    return size
+
+
 def check_compatible(
     draft: Vocabulary,
     target: Vocabulary,
@@ -39,30 +57,27 @@ def check_compatible(
     """Raises ValueError naming the first difference between two vocabularies.
 
     Speculative decoding compares draft and target probabilities token by token, so the two must
-    assign every id the same piece and agree on EOS. Models may pad their embedding beyond the
-    vocabulary (T5: 32100 pieces, 32128 rows); when the models' sizes are given they must be equal
-    (p and q range over the same ids) and cover every piece.
+    assign every id the same piece and agree on EOS. They may differ in trailing padding: padding
+    pieces ("[PAD7]") are ignored, and each model may pad its output beyond the vocabulary (T5:
+    32100 pieces, 32128 rows), by a different amount even, as long as it covers every piece the
+    tokenizer can produce (`used_size`); the padding ids are then masked out of both distributions.
     """
-    for who, size in (("draft", draft_model_vocab_size), ("target", target_model_vocab_size)):
-        pieces = len(list((draft if who == "draft" else target).tokens))
-        if size is not None and size < pieces:
+    draft_size, target_size = used_size(draft), used_size(target)
+    for who, size, used in (
+        ("draft", draft_model_vocab_size, draft_size),
+        ("target", target_model_vocab_size, target_size),
+    ):
+        if size is not None and size < used:
             raise ValueError(
-                f"{who} model has {size} output ids, fewer than its vocabulary's {pieces} tokens"
+                f"{who} model has {size} output ids, fewer than its vocabulary's {used} tokens"
             )
-    if (draft_model_vocab_size is None) != (target_model_vocab_size is None):
-        raise ValueError("give both model vocab sizes or neither")
-    if draft_model_vocab_size != target_model_vocab_size:
+    if draft_size != target_size:
         raise ValueError(
-            f"draft and target models differ in (padded) vocab size: draft "
-            f"{draft_model_vocab_size}, target {target_model_vocab_size}"
+            f"draft and target vocabularies differ in size: draft has {draft_size} tokens, "
+            f"target has {target_size} (trailing padding pieces not counted)"
         )
     draft_tokens, target_tokens = list(draft.tokens), list(target.tokens)
-    if len(draft_tokens) != len(target_tokens):
-        raise ValueError(
-            f"draft and target vocabularies differ in size: draft has {len(draft_tokens)} tokens, "
-            f"target has {len(target_tokens)}"
-        )
-    for token_id, (d, t) in enumerate(zip(draft_tokens, target_tokens)):
+    for token_id, (d, t) in enumerate(zip(draft_tokens[:draft_size], target_tokens)):
         if d != t:
             raise ValueError(
                 f"draft and target vocabularies differ at token id {token_id}: "
