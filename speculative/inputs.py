@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -36,13 +37,15 @@ SEQIO_INSTALL = "pip install 'speculative[seqio]'  (or: pip install .[seqio] in 
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes."""
+    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes.
+    source: where it was read, "file:line" for a file (named in errors about it)."""
 
     index: int
     inputs: str
     targets: str | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ids: tuple[int, ...] | None = None
+    source: str | None = None
 
 
 class Tokenizer(Protocol):
@@ -57,32 +60,76 @@ class Tokenizer(Protocol):
 # Reading.
 
 
-def _open_text(path: str):
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every line of a UTF-8 file, gzipped when its name ends in .gz.
+
+    Decoded a line at a time, so that a byte that is not UTF-8 (a Latin-1 file, say) is reported
+    with its line; a truncated or corrupt gzip stream is reported after the last whole line.
+    """
     opener = gzip.open if path.endswith(".gz") else open
     try:
-        return opener(path, "rt", encoding="utf-8")
+        f = opener(path, "rb")
     except OSError as e:
-        raise JobError(f"cannot read input file {path!r}: {e}") from e
+        raise JobError(f"cannot read it: {e}", role="input", path=path) from e
+    line_no = 0
+    with f:
+        try:
+            for line_no, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise JobError(
+                        f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                        "save the file as UTF-8",
+                        role="input",
+                        path=f"{path}:{line_no}",
+                    ) from e
+                yield line_no, text
+        except (EOFError, OSError, zlib.error) as e:
+            raise JobError(
+                f"truncated or corrupt gzip data after line {line_no} ({e})",
+                role="input",
+                path=path,
+            ) from e
+
+
+def _check_unicode(path: str, line_no: int, field: str, value: Any) -> None:
+    """JobError when a string holds a lone surrogate (a JSON "\\ud800" escape): such a string
+    cannot be tokenized or written back as UTF-8."""
+    if not isinstance(value, str):
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise JobError(
+            f"field {field!r} holds a lone surrogate ({value[e.start]!r} at character {e.start}), "
+            "which is not valid Unicode text",
+            role="input",
+            path=f"{path}:{line_no}",
+        ) from e
 
 
 def _json_objects(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line; JobError naming `file:line` otherwise."""
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise JobError(
-                    f"{path}:{line_no}: malformed JSONL line ({e.msg} at column {e.colno}); "
-                    "nothing was decoded: fix or delete the line and rerun"
-                ) from e
-            if not isinstance(row, dict):
-                raise JobError(
-                    f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}"
-                )
-            yield line_no, row
+    for line_no, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise JobError(
+                f"malformed JSONL line ({e.msg} at column {e.colno}); "
+                "nothing was decoded: fix or delete the line and rerun",
+                role="input",
+                path=f"{path}:{line_no}",
+            ) from e
+        if not isinstance(row, dict):
+            raise JobError(
+                f"expected a JSON object, got {type(row).__name__}",
+                role="input",
+                path=f"{path}:{line_no}",
+            )
+        yield line_no, row
 
 
 def read_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
@@ -100,14 +147,24 @@ def _jsonl_examples(
     examples = []
     for line_no, row in _json_objects(path):
         if not isinstance(row.get(input_field), str):
-            raise JobError(f"{path}:{line_no}: no string field {input_field!r}")
+            raise JobError(
+                f"no string field {input_field!r}", role="input", path=f"{path}:{line_no}"
+            )
         target = row.get(target_field) if target_field else None
+        extra = {k: row[k] for k in passthrough if k in row}
+        for field, value in [
+            (input_field, row[input_field]),
+            (target_field, target),
+            *extra.items(),
+        ]:
+            _check_unicode(path, line_no, str(field), value)
         examples.append(
             Example(
                 index=len(examples),
                 inputs=row[input_field],
                 targets=target if isinstance(target, str) else None,
-                extra={k: row[k] for k in passthrough if k in row},
+                extra=extra,
+                source=f"{path}:{line_no}",
             )
         )
     return examples
@@ -115,19 +172,19 @@ def _jsonl_examples(
 
 def _tsv_examples(path: str) -> list[Example]:
     examples: list[Example] = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            columns = line.split("\t")
-            if len(columns) > 2:
-                raise JobError(
-                    f"{path}:{line_no}: expected 1 or 2 tab-separated columns (inputs[, targets]), "
-                    f"got {len(columns)}"
-                )
-            target = columns[1] if len(columns) == 2 else None
-            examples.append(Example(index=len(examples), inputs=columns[0], targets=target))
+    for line_no, line in _lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        columns = line.split("\t")
+        if len(columns) > 2:
+            raise JobError(
+                f"expected 1 or 2 tab-separated columns (inputs[, targets]), got {len(columns)}",
+                role="input",
+                path=f"{path}:{line_no}",
+            )
+        target = columns[1] if len(columns) == 2 else None
+        examples.append(Example(len(examples), columns[0], target, source=f"{path}:{line_no}"))
     return examples
 
 
@@ -172,15 +229,17 @@ def read_examples(
         ]
     path = os.fspath(source)
     if not os.path.isfile(path):
-        raise JobError(f"input file {path!r} does not exist")
+        raise JobError("input file does not exist", role="input", path=path)
     if path.endswith((".jsonl", ".jsonl.gz", ".json")):
         examples = _jsonl_examples(path, input_field, target_field, passthrough)
     elif path.endswith((".tsv", ".tsv.gz")):
         examples = _tsv_examples(path)
     else:
-        raise JobError(f"input file {path!r}: expected a .jsonl, .jsonl.gz or .tsv file")
+        raise JobError("expected a .jsonl, .jsonl.gz or .tsv file", role="input", path=path)
     if not examples:
-        raise JobError(f"input file {path!r} has no examples (it is empty or only blank lines)")
+        raise JobError(
+            "input file has no examples (it is empty or only blank lines)", role="input", path=path
+        )
     return examples if limit is None else examples[:limit]
 
 
@@ -228,13 +287,25 @@ def read_task(
 # Tokenising and bucketing.
 
 
-def tokenize(
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """An example's token ids as decoded, and how many tokens it had before truncation."""
+
+    ids: list[int]
+    full_length: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.full_length > len(self.ids)
+
+
+def encode(
     examples: Sequence[Example],
     vocabulary: Tokenizer,
     encoder_decoder: bool,
     max_len: int | None = None,
-) -> list[list[int]]:
-    """Token ids per example, truncated to max_len (None: no limit).
+) -> list[Encoded]:
+    """Token ids per example, truncated to max_len (None: no limit), with their untruncated count.
 
     Encoder inputs keep their start and end with EOS, as in T5 (and seqio); decoder prompts keep
     their end, where generation continues. seqio ids are already trimmed and end with EOS, which
@@ -243,19 +314,36 @@ def tokenize(
     out = []
     for ex in examples:
         if ex.ids is not None:
-            ids = list(ex.ids)[:max_len]
+            full = list(ex.ids)
+            ids = full[:max_len]
             if not encoder_decoder and ids and ids[-1] == vocabulary.eos_id:
                 ids = ids[:-1]
+            cut = max_len is not None and len(full) > max_len  # seqio trims first, as a rule
+            length = len(full) if cut else len(ids)
         elif encoder_decoder:
+            text_ids = vocabulary.encode(ex.inputs)
             keep = None if max_len is None else max_len - 1
-            ids = vocabulary.encode(ex.inputs)[:keep] + [vocabulary.eos_id]
+            ids, length = text_ids[:keep] + [vocabulary.eos_id], len(text_ids) + 1
         else:
-            ids = vocabulary.encode(ex.inputs)
-            ids = ids if max_len is None else ids[-max_len:]
+            full = vocabulary.encode(ex.inputs)
+            ids, length = (full if max_len is None else full[-max_len:]), len(full)
         if not ids:
-            raise JobError(f"input {ex.index} is empty after tokenization; a prompt needs a token")
-        out.append(ids)
+            what = "is empty after tokenization; a prompt needs a token"
+            if ex.source:
+                raise JobError(f"input {ex.index} {what}", role="input", path=ex.source)
+            raise JobError(f"input {ex.index} {what}")
+        out.append(Encoded(ids, length))
     return out
+
+
+def tokenize(
+    examples: Sequence[Example],
+    vocabulary: Tokenizer,
+    encoder_decoder: bool,
+    max_len: int | None = None,
+) -> list[list[int]]:
+    """The ids of `encode` alone."""
+    return [e.ids for e in encode(examples, vocabulary, encoder_decoder, max_len)]
 
 
 def bucket(length: int, cap: int) -> int:
