@@ -5,16 +5,20 @@ Rows are appended a finished batch at a time, flushed and fsynced. A job killed 
 leaves whole rows plus at most one torn last line; `ResultStore` truncates that line on restart and
 reports the indices already done, so a restarted job neither loses nor duplicates rows.
 `job.json` holds a fingerprint of the job; a restart with a different job in the same directory is
-refused instead of mixing results.
+refused instead of mixing results. `.lock` (an `fcntl.flock` lock holding the owner's pid) keeps a
+second job out of a directory in use; the kernel drops the lock when its process dies, so the file
+a killed job leaves behind does not block a resume.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from speculative.errors import JobError
@@ -22,6 +26,7 @@ from speculative.inputs import Example
 
 PREDICTIONS = "predictions.jsonl"
 JOB = "job.json"
+LOCK = ".lock"
 
 
 def examples_digest(examples: Iterable[Example]) -> str:
@@ -62,6 +67,38 @@ def prepare_output_dir(output_dir: str) -> pathlib.Path:
     except OSError as e:
         raise JobError(f"output directory {output_dir!r} is not writable: {e}") from e
     return path
+
+
+def _lock_holder(f) -> str:
+    f.seek(0)
+    return f.read().strip() or "unknown"
+
+
+@contextlib.contextmanager
+def lock_output_dir(output_dir: str | os.PathLike) -> Iterator[pathlib.Path]:
+    """Holds an exclusive lock on output_dir (created if missing) while the block runs.
+
+    Raises JobError naming the holder's pid when another process holds it. The lock is an
+    `fcntl.flock` on OUTPUT_DIR/.lock, released on exit and by the kernel when a process dies.
+    """
+    path = prepare_output_dir(os.fspath(output_dir))
+    f = open(path / LOCK, "a+", encoding="utf-8")  # "a+": never truncates another job's pid
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise JobError(
+                f"output directory {str(path)!r} is in use by another job (pid "
+                f"{_lock_holder(f)}, lock file {path / LOCK}); wait for it to finish or use "
+                "another output directory"
+            ) from e
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield path
+    finally:
+        f.close()  # closing the file releases the lock
 
 
 class ResultStore:
