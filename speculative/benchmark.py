@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
@@ -52,8 +53,8 @@ from speculative import (
 )
 from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_config import BenchmarkConfig
-from speculative.job_io import prepare_output_dir
+from speculative.job_config import BenchmarkConfig, check_num_examples
+from speculative.job_io import lock_output_dir
 from speculative.sampling import SamplingConfig
 
 # ------------------------------------------------------------------------------------------------
@@ -78,6 +79,7 @@ def validate(cfg: BenchmarkConfig) -> None:
         )
     if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
         raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
+    check_num_examples(cfg.num_examples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Setup:
     """The loaded models and tokenized inputs every cell of the sweep shares.
 
     ids: token ids per input; width: the bucket of the longest (what memory is planned for).
+    truncated: inputs cut to the inputs feature length; vocab_padding: the padding ids masked out
+    of both models ({} when none, see `model_loading.fit_vocabulary`).
     """
 
     target: ml.Loaded
@@ -93,6 +97,8 @@ class Setup:
     num_examples: int
     ids: list[list[int]]
     width: int
+    truncated: int = 0
+    vocab_padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -104,13 +110,22 @@ def load(cfg: BenchmarkConfig) -> Setup:
         cfg.input_file, input_field=cfg.input_field, limit=cfg.num_examples
     )
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
-    target = ml.load_model(cfg.target, "target")
-    draft = ml.load_model(cfg.draft, "draft")
+    loaded = {
+        role: (ml.load_model(spec, role), ml.where(spec))
+        for role, spec in (("target", cfg.target), ("draft", cfg.draft))
+    }
     ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
+    fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
+    target, draft = fitted["target"], fitted["draft"]
     cap = cfg.feature_lengths["inputs"]
-    ids = inputs.tokenize(examples, vocabulary, target.model.is_encoder_decoder, cap)
+    encoded = inputs.encode(examples, vocabulary, target.model.is_encoder_decoder, cap)
+    truncated = sum(e.truncated for e in encoded)
+    if truncated:
+        print(f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}")
+    ids = [e.ids for e in encoded]
     width = inputs.bucket(max(len(x) for x in ids), cap)
-    return Setup(target, draft, vocab.stop_ids(vocabulary), len(examples), ids, width)
+    stop_ids = vocab.stop_ids(vocabulary)
+    return Setup(target, draft, stop_ids, len(examples), ids, width, truncated, padding)
 
 
 def batches_of(setup: Setup, cfg: BenchmarkConfig, batch_size: int) -> list[dict[str, jax.Array]]:
@@ -427,6 +442,8 @@ def header(cfg: BenchmarkConfig, setup: Setup) -> dict[str, Any]:
         "inputs": cfg.input_file,
         "num_examples": setup.num_examples,
         "feature_lengths": dict(cfg.feature_lengths),
+        "truncated_inputs": setup.truncated,
+        "vocab_padding": dict(setup.vocab_padding),
         "padded_input_width": setup.width,
         "repeats": cfg.repeats,
         "stop_ids": list(setup.stop_ids),
@@ -489,7 +506,12 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     """Runs the sweep; returns the result also written to OUTPUT_DIR/benchmark.json (rewritten
     after every cell, so a long sweep keeps what it measured)."""
     validate(cfg)
-    out_dir = prepare_output_dir(cfg.output_dir)
+    with lock_output_dir(cfg.output_dir) as out_dir:
+        return run_locked(cfg, out_dir)
+
+
+def run_locked(cfg: BenchmarkConfig, out_dir: pathlib.Path) -> dict[str, Any]:
+    """`run`'s sweep while it holds OUTPUT_DIR's lock."""
     setup = load(cfg)
     print_memory(setup, cfg)
     result = header(cfg, setup)
@@ -503,6 +525,13 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
             for cell in measure_batch_size(setup, cfg, batch_size):
                 result["cells"].append(cell)
                 (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+        except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
+            raise JobError(
+                f"NaN logits at batch size {batch_size}: corrupt weights, or a dtype too narrow "
+                f"for the model ({e})",
+                role="target",
+                path=ml.where(cfg.target),
+            ) from e
         except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
             if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
                 raise

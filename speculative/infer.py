@@ -9,7 +9,9 @@ lengths, the input (JSONL / TSV file, "humaneval", or a seqio Task/Mixture name)
 
 Output, in OUTPUT_DIR:
   predictions.jsonl  one row per example: index, inputs, targets (if any), output, output_ids,
-                     length, target_calls, tau; speculative rows add alpha, accepted, drafted,
+                     length, target_calls, tau; an input longer than the inputs feature length
+                     adds truncated_from (its token count) and inputs_used (the text decoded
+                     from); speculative rows add alpha, accepted, drafted,
                      verified, accepted_at / verified_at per draft position. Written a batch at a
                      time, fsynced; a killed job restarted with the same OUTPUT_DIR resumes
                      (speculative/job_io.py). Row results do not depend on where a run stopped:
@@ -18,6 +20,7 @@ Output, in OUTPUT_DIR:
                      this_run times this run's decoding, each program compiled once per prompt
                      width, ahead of time and apart.
   config.gin         the operative gin config.
+  .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
 not loaded); greedy outputs are then identical to the speculative ones.
 """
@@ -42,8 +45,8 @@ from speculative import decoding, gin_flags, inputs, memory, metrics, runner, ti
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.inputs import Example
-from speculative.job_config import InferConfig
-from speculative.job_io import ResultStore, examples_digest
+from speculative.job_config import InferConfig, check_num_examples
+from speculative.job_io import ResultStore, examples_digest, lock_output_dir
 
 # ------------------------------------------------------------------------------------------------
 # Validation and inputs.
@@ -75,6 +78,7 @@ def validate(cfg: InferConfig) -> None:
         )
     if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
         raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
+    check_num_examples(cfg.num_examples)
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
@@ -111,6 +115,7 @@ class Models:
 
     target: ml.Loaded
     draft: ml.Loaded | None
+    vocab_padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -124,12 +129,38 @@ class Models:
 
 
 def load_models(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> Models:
-    target = ml.load_model(cfg.target, "target")
-    draft = None
+    """The target (and draft), checked against the vocabulary, padding ids masked out."""
+    loaded = {"target": (ml.load_model(cfg.target, "target"), ml.where(cfg.target))}
     if cfg.speculative:
-        draft = ml.load_model(cfg.draft, "draft")
+        loaded["draft"] = (ml.load_model(cfg.draft, "draft"), ml.where(cfg.draft))
         ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
-    return Models(target, draft)
+    fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
+    return Models(fitted["target"], fitted.get("draft"), padding)
+
+
+def encode_inputs(
+    cfg: InferConfig, examples: Sequence[Example], vocabulary: vocab.Vocabulary
+) -> list[inputs.Encoded]:
+    """Token ids of every example; with strict_inputs, a JobError for one longer than allowed."""
+    limit = cfg.feature_lengths["inputs"]
+    encoded = inputs.encode(examples, vocabulary, ml.is_encoder_decoder(cfg.target), limit)
+    long = [(ex, e) for ex, e in zip(examples, encoded) if e.truncated]
+    if long and cfg.strict_inputs:
+        ex, e = long[0]
+        where = ex.source or f"{cfg.mixture_or_task_name}[{ex.index}]"
+        raise JobError(
+            f"input {ex.index} has {e.full_length} tokens, more than the inputs feature length "
+            f"{limit} (strict_inputs; {len(long)} input(s) too long): shorten it, raise "
+            "TASK_FEATURE_LENGTHS['inputs'], or turn strict inputs off to truncate",
+            role="input",
+            path=where,
+        )
+    if long:
+        print(
+            f"{len(long)} input(s) longer than {limit} tokens are truncated (first: input "
+            f"{long[0][0].index}, {long[0][1].full_length} tokens); rows record truncated_from"
+        )
+    return encoded
 
 
 def check_context(models: Models, ids: Sequence[Sequence[int]], max_decode_len: int) -> None:
@@ -164,8 +195,10 @@ def output_rows(
     out: decoding.DecodeOutput,
     vocabulary: vocab.Vocabulary,
     speculative: bool,
+    encoded: Sequence[inputs.Encoded] | None = None,
 ) -> list[dict[str, Any]]:
-    """One JSON-able row per example from the first len(examples) rows of `out`."""
+    """One JSON-able row per example from the first len(examples) rows of `out`; a truncated
+    input (per `encoded`) records its token count and the text decoded from."""
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     stats = jax.tree.map(np.asarray, out.stats)
     alpha, tau = np.asarray(stats.alpha), np.asarray(stats.tokens_per_call)
@@ -176,6 +209,9 @@ def output_rows(
         row: dict[str, Any] = {"index": ex.index, **dict(ex.extra), "inputs": ex.inputs}
         if ex.targets is not None:
             row["targets"] = ex.targets
+        if encoded is not None and encoded[i].truncated:
+            row["truncated_from"] = encoded[i].full_length
+            row["inputs_used"] = vocabulary.decode(encoded[i].ids)
         row.update(
             output=vocabulary.decode(text_ids),
             output_ids=ids,
@@ -290,16 +326,28 @@ def job_batches(
         yield JobBatch(k, members, batch, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k))
 
 
+def nan_error(cfg: InferConfig, examples: Sequence[Example], members: Sequence[int]) -> JobError:
+    """NaN logits of the target (the loop flags the target's; plain decoding has only it)."""
+    indices = ", ".join(str(examples[i].index) for i in members)
+    return JobError(
+        f"NaN logits while decoding input(s) {indices}: corrupt weights, or a dtype too narrow "
+        "for the model (try DTYPE = 'float32')",
+        role="target",
+        path=ml.where(cfg.target),
+    )
+
+
 def decode_pending(
     cfg: InferConfig,
     examples: Sequence[Example],
-    ids: Sequence[Sequence[int]],
+    encoded: Sequence[inputs.Encoded],
     todo: Sequence[int],
     decoder: runner.Decoder,
     vocabulary: vocab.Vocabulary,
     store: ResultStore,
 ) -> RunStats:
     """Decodes the pending batches, appending each batch's rows to the store as it finishes."""
+    ids = [e.ids for e in encoded]
     stats = RunStats()
     spec_rows = [r for r in store.rows() if "alpha" in r]
     pooled = pool_rows(spec_rows) if spec_rows else None  # the progress bar's running alpha
@@ -313,10 +361,19 @@ def decode_pending(
     # Built lazily, one batch ahead of the decoding: tee keeps the batch beside its result.
     pending, to_run = itertools.tee(job_batches(cfg, ids, todo, decoder))
     runs = runner.run_batches({"decode": decoder}, ((b.batch, b.rng) for b in to_run))
-    for job_batch, result in zip(pending, runs):
+    for job_batch in pending:
+        try:
+            result = next(runs)
+        except FloatingPointError as e:
+            raise nan_error(cfg, examples, job_batch.members) from e
         out = result.outputs["decode"]
+        members = job_batch.members
         rows = output_rows(
-            [examples[i] for i in job_batch.members], out, vocabulary, cfg.speculative
+            [examples[i] for i in members],
+            out,
+            vocabulary,
+            cfg.speculative,
+            [encoded[i] for i in members],
         )
         rows = [r for r in rows if r["index"] not in store.done]  # a torn batch's survivors stay
         store.append(rows)
@@ -358,27 +415,40 @@ def run(cfg: InferConfig) -> dict[str, Any]:
     """
     validate(cfg)
     examples = load_examples(cfg)
+    vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
+    encoded = encode_inputs(cfg, examples, vocabulary)  # strict inputs: refused before any write
+    with lock_output_dir(cfg.output_dir):
+        return run_locked(cfg, examples, vocabulary, encoded)
+
+
+def run_locked(
+    cfg: InferConfig,
+    examples: Sequence[Example],
+    vocabulary: vocab.Vocabulary,
+    encoded: Sequence[inputs.Encoded],
+) -> dict[str, Any]:
+    """`run`'s work while it holds OUTPUT_DIR's lock: decode what is pending, then summarise."""
     store = ResultStore(cfg.output_dir, fingerprint(cfg, examples))
     todo = pending_batches(len(examples), cfg.batch_size, store.done)
     print(
         f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
         f"batches of {cfg.batch_size} to decode"
     )
-    vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
     config = decode_config(cfg, vocabulary)
-    stats, costs = RunStats(), {}
+    stats, costs, padding = RunStats(), {}, {}
     if todo or (cfg.speculative and cfg.measure_c):
         models = load_models(cfg, vocabulary)
-        ids = inputs.tokenize(
-            examples, vocabulary, models.encoder_decoder, cfg.feature_lengths["inputs"]
-        )
+        padding = models.vocab_padding
+        ids = [e.ids for e in encoded]
         check_context(models, ids, config.max_decode_len)
         print(memory_report(cfg, models, ids))
         decoder = models.decoder(config)
-        stats = decode_pending(cfg, examples, ids, todo, decoder, vocabulary, store)
+        stats = decode_pending(cfg, examples, encoded, todo, decoder, vocabulary, store)
         if cfg.speculative and cfg.measure_c:
             costs = measure_cost(cfg, models, config, ids[0])
     summary = job_summary(cfg, store.rows(), stats, costs)
+    if padding:
+        summary["vocab_padding"] = padding
     (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (store.dir / "config.gin").write_text(gin.operative_config_str())
     print_summary(summary, store.dir)
@@ -414,6 +484,7 @@ def job_summary(
         "sampling": dataclasses.asdict(cfg.sampling),
         "feature_lengths": dict(cfg.feature_lengths),
         **summarize_rows(rows),
+        "truncated_inputs": sum("truncated_from" in r for r in rows),
         "this_run": stats.to_json(),
     }
     if costs:
@@ -437,6 +508,8 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     )
     if "alpha" in s:
         print(f"  alpha {s['alpha']:.3f}, accepted {s['accepted']} / drafted {s['drafted']}")
+    if s["truncated_inputs"]:
+        print(f"  {s['truncated_inputs']} input(s) truncated (rows with truncated_from)")
     r = s["this_run"]
     if r["tokens_per_s"]:
         print(

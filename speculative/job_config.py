@@ -18,6 +18,7 @@ import gin
 # Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.* and
 # speculative.ModelSpec / VocabSpec, so every job that parses a config imports this module.
 from speculative import configurables, inputs, model_loading  # noqa: F401
+from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
 
@@ -32,6 +33,9 @@ class InferConfig:
       "targets": tokens generated at most per example}.
     task_setup: a callable run before the seqio lookup (e.g. @speculative.seqio_tsv_task), for
       tasks defined in gin; task_module: a module imported for its task registrations (T5X style).
+    num_examples: the first n examples (None: all; otherwise >= 1).
+    strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
+      (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
     """
 
     target: Any = gin.REQUIRED
@@ -57,6 +61,17 @@ class InferConfig:
     seed: int = 0
     measure_c: bool = True
     progress: bool = True
+    strict_inputs: bool = False
+
+
+def check_num_examples(value: Any) -> None:
+    """Raises JobError unless NUM_EXAMPLES is None (all examples) or an integer >= 1."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JobError(
+            f"NUM_EXAMPLES must be None (all examples) or an integer >= 1, got {value!r}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +111,7 @@ class BenchmarkConfig:
     Sweeps every (temperature, batch size, gamma); each timed point is the median of `repeats`
     runs after one warm-up run, with compilation timed apart. Batch sizes that do not fit in
     memory are recorded as skipped. input_file: as InferConfig ("humaneval" or a JSONL/TSV file);
-    the first num_examples inputs are used, cycled to fill a batch larger than them.
+    the first num_examples inputs (None: all) are used, cycled to fill a batch larger than them.
     """
 
     target: Any = gin.REQUIRED
@@ -106,7 +121,7 @@ class BenchmarkConfig:
     output_dir: str = gin.REQUIRED
     input_file: str = "humaneval"
     input_field: str = "inputs"
-    num_examples: int = 8
+    num_examples: int | None = 8
     feature_lengths: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {"inputs": 512, "targets": 64}
     )

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, vocab
-from speculative.errors import JobError
+from speculative.errors import JobError, strip_path
 from speculative.models import decoder, t5
-from speculative.models.base import LanguageModel
+from speculative.models.base import DecodeState, LanguageModel, Params
 
 FORMATS = ("gguf", "hf_t5", "t5x", "random")
 VOCAB_KINDS = ("gguf", "sentencepiece", "byte")
@@ -71,11 +71,33 @@ def _is_remote(path: str) -> bool:
 
 def _check_path(role: str, what: str, path: Any) -> str:
     if path is None or path is gin.REQUIRED or path == "":
-        raise JobError(f"{role}: {what} needs a checkpoint path; none is bound")
+        raise JobError(f"{what} needs a checkpoint path; none is bound", role=role)
     path = os.fspath(path)
     if not _is_remote(path) and not os.path.exists(path):
-        raise JobError(f"{role}: checkpoint path {path!r} does not exist")
+        raise JobError("path does not exist", role=role, path=path)
     return path
+
+
+def where(spec: ModelSpec | VocabSpec) -> str:
+    """The path a spec reads (what one-line errors name), or what stands in for one."""
+    if spec.path:
+        return str(spec.path)
+    return "(random weights)" if isinstance(spec, ModelSpec) else f"({spec.kind} vocabulary)"
+
+
+# What a loader raises for a file it cannot read: a ValueError or an OSError by contract; the
+# others are the contract broken by a malformed file (a config.json of the wrong shape, say).
+_LOADER_ERRORS = (ValueError, OSError)
+_MALFORMED_ERRORS = (KeyError, TypeError, AttributeError, IndexError, RuntimeError)
+
+
+def loader_error(error: Exception, role: str, path: str) -> JobError:
+    """A loader's exception as a one-line JobError naming the role and the file."""
+    if isinstance(error, _LOADER_ERRORS):
+        what = strip_path(str(error), path) or type(error).__name__
+    else:
+        what = f"cannot be read ({type(error).__name__}: {error})"
+    return JobError(what, role=role, path=path)
 
 
 def _gguf_path(role: str, path: Any) -> str:
@@ -112,6 +134,13 @@ def validate_model_spec(spec: ModelSpec, role: str) -> None:
         _check_path(role, "format 'gguf'", spec.path)
 
 
+def is_encoder_decoder(spec: ModelSpec) -> bool:
+    """Whether a spec's model is an encoder-decoder, known without reading its weights."""
+    if spec.format in ("gguf", "hf_t5"):
+        return spec.format == "hf_t5"
+    return bool(spec.model.is_encoder_decoder)
+
+
 def describe(spec: ModelSpec) -> str:
     """One line naming the weights; random weights are labelled loudly."""
     if spec.format == "random":
@@ -129,25 +158,33 @@ def _cast(params: Any, dtype: Any) -> Any:
 def load_model(spec: ModelSpec, role: str = "model") -> Loaded:
     """Reads the weights a spec names. role ('target', 'draft') prefixes error messages."""
     validate_model_spec(spec, role)
-    dtype = jnp.dtype(spec.dtype)
     start = time.perf_counter()
-    if spec.format == "random":
-        model = spec.model
-        params = _cast(model.init_params(jax.random.PRNGKey(spec.seed)), dtype)
-    elif spec.format == "gguf":
-        config, params = checkpoints.load_gguf(_gguf_path(role, spec.path), dtype=dtype)
-        model = decoder.DecoderLM(config)
-    elif spec.format == "hf_t5":
-        config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
-        model = t5.T5(config)
-    else:
-        model = spec.model
-        params = checkpoints.load_t5x(spec.path, model.config, dtype=dtype)
+    try:
+        model, params = _read_weights(spec, role)
+    except JobError:
+        raise
+    except _LOADER_ERRORS + _MALFORMED_ERRORS as e:
+        raise loader_error(e, role, where(spec)) from e
     count = sum(x.size for x in jax.tree.leaves(params))
     print(
         f"{role}: {describe(spec)}: {count / 1e6:.1f}M params in {time.perf_counter() - start:.1f}s"
     )
     return Loaded(model, params, describe(spec))
+
+
+def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
+    """(model, params) of a validated spec, by its format."""
+    dtype = jnp.dtype(spec.dtype)
+    if spec.format == "random":
+        model = spec.model
+        return model, _cast(model.init_params(jax.random.PRNGKey(spec.seed)), dtype)
+    if spec.format == "gguf":
+        config, params = checkpoints.load_gguf(_gguf_path(role, spec.path), dtype=dtype)
+        return decoder.DecoderLM(config), params
+    if spec.format == "hf_t5":
+        config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
+        return t5.T5(config), params
+    return spec.model, checkpoints.load_t5x(spec.path, spec.model.config, dtype=dtype)
 
 
 def _local_copy(path: str) -> str:
@@ -185,12 +222,18 @@ def validate_vocab_spec(spec: VocabSpec, role: str) -> None:
 
 
 def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabulary:
+    """The tokenizer a spec names; a file it cannot read is a JobError naming role and path."""
     validate_vocab_spec(spec, role)
-    if spec.kind == "byte":
-        return vocab.ByteVocabulary(extra_ids=spec.extra_ids)
-    if spec.kind == "sentencepiece":
-        return vocab.SentencePieceVocabulary(_local_copy(spec.path), extra_ids=spec.extra_ids)
-    return vocab.from_gguf(_gguf_path(role, spec.path))
+    try:
+        if spec.kind == "byte":
+            return vocab.ByteVocabulary(extra_ids=spec.extra_ids)
+        if spec.kind == "sentencepiece":
+            return vocab.SentencePieceVocabulary(_local_copy(spec.path), extra_ids=spec.extra_ids)
+        return vocab.from_gguf(_gguf_path(role, spec.path))
+    except JobError:
+        raise
+    except _LOADER_ERRORS + _MALFORMED_ERRORS as e:
+        raise loader_error(e, role, where(spec)) from e
 
 
 def check_draft_vocabulary(spec: VocabSpec | None, target_vocabulary: vocab.Vocabulary) -> None:
@@ -200,4 +243,81 @@ def check_draft_vocabulary(spec: VocabSpec | None, target_vocabulary: vocab.Voca
     try:
         vocab.check_compatible(load_vocabulary(spec, "draft vocabulary"), target_vocabulary)
     except ValueError as e:
-        raise JobError(str(e)) from e
+        raise JobError(str(e), role="draft vocabulary", path=where(spec)) from e
+
+
+# ------------------------------------------------------------------------------------------------
+# Vocabulary size against the models' output size.
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddingMasked:
+    """`model` whose output ids past the vocabulary never come out: logits are cut to `width`
+    columns and the ids from `used` on set to -inf, inside the jitted loop.
+
+    Draft and target are wrapped alike, so p and q both give the padding ids probability 0 and
+    the acceptance rule stays exact over the ids that remain. Hashable (a static jit argument);
+    everything but `vocab_size` and `extend` is the wrapped model's.
+    """
+
+    model: LanguageModel
+    used: int
+    width: int
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.width
+
+    def extend(
+        self, params: Params, state: DecodeState, tokens: jax.Array
+    ) -> tuple[jax.Array, DecodeState]:
+        logits, state = self.model.extend(params, state, tokens)
+        logits = logits[..., : self.width]
+        ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+        return jnp.where(ids < self.used, logits, -jnp.inf), state
+
+
+def fit_vocabulary(
+    vocabulary: vocab.Vocabulary,
+    vocab_path: str,
+    models: dict[str, tuple[Loaded, str]],
+) -> tuple[dict[str, Loaded], dict[str, Any]]:
+    """Checks the tokenizer against every model's output size; masks padding ids when needed.
+
+    models: role -> (loaded model, its path). Raises JobError naming both sizes when the
+    tokenizer can produce ids a model has no output for. Ids past the tokenizer (a model table
+    padded to a round size, or "[PAD7]" pieces) are masked out of every model (`PaddingMasked`)
+    and described in the returned dict ({} when nothing is masked).
+    """
+    used = vocab.used_size(vocabulary)
+    sizes = {role: loaded.model.vocab_size for role, (loaded, _) in models.items()}
+    for role, (_, path) in models.items():
+        if sizes[role] < used:
+            raise JobError(
+                f"the model has {sizes[role]} output ids but the vocabulary {vocab_path} has "
+                f"{used} tokens: the tokenizer can produce ids the model does not have",
+                role=role,
+                path=path,
+            )
+    if all(size == used for size in sizes.values()):
+        return {role: loaded for role, (loaded, _) in models.items()}, {}
+    width = min(sizes.values())
+    fitted = {
+        role: dataclasses.replace(loaded, model=PaddingMasked(loaded.model, used, width))
+        for role, (loaded, _) in models.items()
+    }
+    info = {
+        "vocabulary_tokens": used,
+        "model_output_ids": sizes,
+        "masked_ids": [used, max(sizes.values())],
+    }
+    print(
+        f"vocabulary: {used} tokens, model output ids {sizes}: ids {used}..."
+        f"{max(sizes.values()) - 1} are padding, masked out of every distribution (never produced)"
+    )
+    return fitted, info
