@@ -1,4 +1,8 @@
-"""Opening GGUF files and reading their metadata (shared by the checkpoint and vocab loaders)."""
+"""Opening GGUF files and reading their metadata (shared by the checkpoint and vocab loaders).
+
+Every error names the file: `open_gguf` wraps the reader's failures, and `metadata_value` takes the
+path from the reader's memory map, so callers that only hold the reader still name it.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,39 @@ from typing import Any
 import gguf
 import numpy as np
 
+# What gguf.GGUFReader raises on a truncated or corrupt file (it indexes the memory map directly).
+_READER_ERRORS = (
+    ValueError,
+    IndexError,
+    KeyError,
+    TypeError,
+    OverflowError,
+    UnicodeDecodeError,
+    MemoryError,
+)
+
+
+def reader_path(reader: gguf.GGUFReader) -> str:
+    """The file a GGUFReader has open, for error messages."""
+    return str(getattr(reader.data, "filename", None) or "GGUF file")
+
 
 def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
-    """Memory-mapped GGUFReader; ValueError for anything but a complete, readable GGUF file."""
+    """Memory-mapped GGUFReader; ValueError for anything but a complete, readable GGUF file.
+
+    Besides what the reader checks, the tensors' data must lie inside the file and tile it in
+    order (llama.cpp and gguf-py pad each tensor to the file's alignment, nothing more), so a
+    corrupted tensor type or offset cannot make one tensor read another's bytes.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"GGUF file not found: {path}")
     try:
         reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
+    except _READER_ERRORS as e:
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {e}") from e
+    except OSError as e:  # e.g. an empty file cannot be memory-mapped
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
     size = os.path.getsize(path)
     for tensor in reader.tensors:
         end = tensor.data_offset + tensor.n_bytes
@@ -26,7 +53,26 @@ def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
                 f"{path} is truncated: tensor {tensor.name!r} ends at byte {end}, "
                 f"but the file has {size} bytes"
             )
+    _check_layout(reader, path)
     return reader
+
+
+def _check_layout(reader: gguf.GGUFReader, path: str) -> None:
+    """Raises ValueError if two tensors overlap or one is followed by more than alignment padding."""
+    alignment = int(reader.alignment)
+    spans = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
+    for (begin, nbytes, name), (next_begin, _, next_name) in zip(spans, spans[1:]):
+        gap = next_begin - (begin + nbytes)
+        if gap < 0:
+            raise ValueError(
+                f"{path} is corrupt: tensor {name!r} (bytes {begin}..{begin + nbytes}) overlaps "
+                f"tensor {next_name!r}, which starts at byte {next_begin}"
+            )
+        if gap >= alignment:
+            raise ValueError(
+                f"{path} is corrupt: {gap} unused bytes after tensor {name!r} (its type or shape "
+                f"disagrees with the next tensor's offset; padding is under {alignment} bytes)"
+            )
 
 
 def metadata_value(
@@ -36,7 +82,10 @@ def metadata_value(
     field = reader.get_field(key)
     if field is None:
         if required:
-            raise ValueError(f"GGUF metadata key {key!r} is missing")
+            raise ValueError(f"{reader_path(reader)}: GGUF metadata key {key!r} is missing")
         return default
-    value = field.contents()
+    try:
+        value = field.contents()
+    except _READER_ERRORS as e:
+        raise ValueError(f"{reader_path(reader)}: GGUF metadata key {key!r} is corrupt: {e}") from e
     return value.item() if isinstance(value, np.generic) else value

@@ -362,3 +362,55 @@ def test_non_finite_values(tmp_path):
     state["model.layers.1.mlp.up_proj.weight"][3, 5] = np.nan
     with pytest.raises(ValueError, match="layers_1/mlp/wi_1/kernel.*NaN"):
         load_gguf(write(tmp_path, state))
+
+
+# ---- every error names the file ------------------------------------------------------------------
+
+
+def test_errors_name_the_file(tmp_path):
+    state = random_hf_state(np.random.default_rng(11), tied=True)
+    tensors = gt.hf_to_gguf_tensors(state, "qwen2", HP["heads"], HP["kv_heads"], HP["layers"])
+    falcon = gt.write_model(tmp_path / "f.gguf", "falcon", HP, tensors)
+    with pytest.raises(ValueError, match=f"^{falcon}: unsupported GGUF architecture 'falcon'"):
+        load_gguf(falcon)
+    no_eps = dict(HP)
+    path = gt.write_model(tmp_path / "e.gguf", "llama", dict(no_eps, eps=-1.0), tensors)
+    with pytest.raises(ValueError, match=f"^{path}: .*layer_norm_rms_epsilon' is -1.0, not a pos"):
+        load_gguf(path)
+
+
+def test_missing_tokenizer_names_the_file(good_file):
+    from speculative.vocab.gguf_vocab import from_gguf
+
+    with pytest.raises(
+        ValueError, match=f"^{good_file}: GGUF metadata key 'tokenizer.ggml.model' is missing"
+    ):
+        from_gguf(good_file)
+
+
+def test_block_count_beyond_the_tensors_is_refused_up_front(tmp_path):
+    """A corrupt layer count is refused before the model's shapes are built."""
+    state = random_hf_state(np.random.default_rng(12), tied=True)
+    path = write(tmp_path, state, hp=dict(HP, layers=2))
+    data = bytearray(path.read_bytes())
+    key = b"llama.block_count"
+    at = data.index(key) + len(key) + 4  # then the uint32 value type, then the value
+    data[at : at + 4] = (10**9).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"^{path}: llama.block_count is 1000000000, but the file"):
+        load_gguf(path)
+
+
+def test_tensor_type_that_disagrees_with_the_layout(tmp_path):
+    """A tensor whose type says F16 where F32 bytes were written would read half its data wrongly."""
+    state = random_hf_state(np.random.default_rng(13), tied=True)
+    path = write(tmp_path, state)
+    data = bytearray(path.read_bytes())
+    name = b"output_norm.weight"
+    # tensor info: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
+    at = data.index(name) + len(name) + 4 + 8
+    assert int.from_bytes(data[at : at + 4], "little") == int(Q.F32)
+    data[at : at + 4] = int(Q.F16).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"^{path} is corrupt: 512 unused bytes after tensor "):
+        load_gguf(path)

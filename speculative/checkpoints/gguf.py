@@ -13,8 +13,11 @@ memory is the final parameters plus a few copies of the largest tensor.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable
+from typing import Any
 
 import gguf
 import jax
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.checkpoints import validation
-from speculative.gguf_io import metadata_value, open_gguf
+from speculative.gguf_io import metadata_value, open_gguf, reader_path
 from speculative.models.decoder import DecoderConfig, DecoderLM
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -36,7 +39,38 @@ SUPPORTED_TYPES = frozenset(gguf.GGMLQuantizationType[name] for name in _TYPE_NA
 def config_from_metadata(
     reader: gguf.GGUFReader, tensors: dict[str, gguf.ReaderTensor], dtype=jnp.float32
 ) -> DecoderConfig:
-    """DecoderConfig from the `{arch}.*` hyper-parameters and the tensors present."""
+    """DecoderConfig from the `{arch}.*` hyper-parameters and the tensors present.
+
+    Raises ValueError naming the file for an unsupported architecture or variant, or a missing or
+    malformed hyper-parameter (e.g. a layer count larger than the file's layers).
+    """
+    source = reader_path(reader)
+    try:
+        return _config_from_metadata(reader, tensors, dtype)
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith(source) else f"{source}: {message}") from e
+
+
+def _number(reader: gguf.GGUFReader, key: str, kind: type, default: Any = None) -> Any:
+    """A finite, positive int or float metadata value (required when default is None)."""
+    value = metadata_value(reader, key, default, required=default is None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"GGUF metadata key {key!r} is {value!r}, not a number")
+    if not (math.isfinite(value) and value > 0) or (kind is int and value != int(value)):
+        raise ValueError(f"GGUF metadata key {key!r} is {value!r}, not a positive {kind.__name__}")
+    return kind(value)
+
+
+def _layer_count(tensors: dict[str, gguf.ReaderTensor]) -> int:
+    """1 + the highest `blk.N.` index among the tensors (0 without any)."""
+    blocks = [int(m.group(1)) for name in tensors if (m := re.match(r"blk\.(\d+)\.", name))]
+    return max(blocks) + 1 if blocks else 0
+
+
+def _config_from_metadata(
+    reader: gguf.GGUFReader, tensors: dict[str, gguf.ReaderTensor], dtype: Any
+) -> DecoderConfig:
     arch = metadata_value(reader, "general.architecture", required=True)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
@@ -47,37 +81,47 @@ def config_from_metadata(
     def get(key, default=None):
         return metadata_value(reader, f"{arch}.{key}", default, required=default is None)
 
+    def size(key, default=None):
+        return _number(reader, f"{arch}.{key}", int, default)
+
     scaling = get("rope.scaling.type", "none")
     if scaling not in ("none", "") and not (
-        scaling == "linear" and float(get("rope.scaling.factor", 1.0)) == 1.0
+        scaling == "linear" and _number(reader, f"{arch}.rope.scaling.factor", float, 1.0) == 1.0
     ):
         raise ValueError(f"RoPE scaling {scaling!r} is not supported by DecoderLM")
     if "rope_freqs.weight" in tensors:
         raise ValueError("per-frequency RoPE factors (rope_freqs.weight) are not supported")
 
-    emb_dim, num_heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", emb_dim // num_heads))
-    if int(get("attention.value_length", head_dim)) != head_dim:
+    emb_dim, num_heads = size("embedding_length"), size("attention.head_count")
+    head_dim = size("attention.key_length", max(emb_dim // num_heads, 1))
+    if size("attention.value_length", head_dim) != head_dim:
         raise ValueError("attention.value_length != key_length is not supported")
-    rope_dims = int(get("rope.dimension_count", head_dim))
+    rope_dims = size("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise ValueError(f"partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
     if "token_embd.weight" not in tensors:
         raise ValueError("GGUF tensor 'token_embd.weight' is missing")
+    # Checked before the model's shapes are built: a corrupt count must not build a huge model.
+    num_layers = size("block_count")
+    if num_layers > _layer_count(tensors):
+        raise ValueError(
+            f"{arch}.block_count is {num_layers}, but the file has tensors for "
+            f"{_layer_count(tensors)} layers"
+        )
     vocab_size = int(tensors["token_embd.weight"].shape[-1])  # ggml order: [E, V]
     return DecoderConfig(
         vocab_size=vocab_size,
         emb_dim=emb_dim,
-        num_layers=int(get("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        num_kv_heads=size("attention.head_count_kv", num_heads),
         head_dim=head_dim,
-        mlp_dim=int(get("feed_forward_length")),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        mlp_dim=size("feed_forward_length"),
+        rope_theta=_number(reader, f"{arch}.rope.freq_base", float, 10000.0),
+        norm_eps=_number(reader, f"{arch}.attention.layer_norm_rms_epsilon", float),
         qkv_bias="blk.0.attn_q.bias" in tensors,
         tie_word_embeddings="output.weight" not in tensors,
-        max_seq_len=int(get("context_length")),
+        max_seq_len=size("context_length"),
         dtype=jnp.dtype(dtype).name,
     )
 
@@ -139,17 +183,23 @@ def tensor_map(config: DecoderConfig, arch: str) -> dict[tuple[str, ...], tuple[
     return out
 
 
-def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+def dequantize(tensor: gguf.ReaderTensor, source: str = "GGUF file") -> np.ndarray:
     """float32 array of a GGUF tensor, in the reader's (PyTorch-like, [out, in]) dimension order."""
     if tensor.tensor_type not in SUPPORTED_TYPES:
         raise ValueError(
-            f"GGUF tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
+            f"{source}: GGUF tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
         )
-    array = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
-    if np.shares_memory(array, tensor.data):  # F32 comes back as a view of the mapped file
-        array = array.copy()
-    expected = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-    return array.reshape(expected)
+    try:
+        array = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+        if np.shares_memory(array, tensor.data):  # F32 comes back as a view of the mapped file
+            array = array.copy()
+        expected = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        return array.reshape(expected)
+    except (ValueError, IndexError, TypeError) as e:  # block data that does not fit its shape
+        raise ValueError(
+            f"{source}: GGUF tensor {tensor.name!r} ({tensor.tensor_type.name}, shape "
+            f"{tuple(tensor.shape.tolist())}) cannot be dequantised: {e}"
+        ) from e
 
 
 def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig, dict]:
@@ -190,7 +240,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig
 
     flat = {}
     for path_str, (name, transform) in mapping.items():
-        array = dequantize(tensors[name])
+        array = dequantize(tensors[name], source)
         try:
             value = transform(array)
         except ValueError:  # numpy cannot reshape it: the metadata and the tensor disagree
