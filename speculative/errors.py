@@ -20,6 +20,9 @@ class JobError(Exception):
 
 
 def strip_path(message: str, path: object) -> str:
-    """message without a leading "<path>: " (loaders name their file; the job names it first)."""
-    prefix = f"{path}: "
-    return message[len(prefix) :] if message.startswith(prefix) else message
+    """message without a leading "<path>: " or "<path> " (loaders name their file; the job names
+    it first, so it is not said twice)."""
+    prefix = str(path)
+    if not prefix or not message.startswith(prefix):
+        return message
+    return message[len(prefix) :].lstrip(": ") or message

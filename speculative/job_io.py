@@ -118,7 +118,10 @@ class ResultStore:
         fingerprint = json.loads(json.dumps(fingerprint))  # normalise tuples -> lists
         if job.exists():
             old = json.loads(job.read_text()).get("fingerprint", {})
-            if old != fingerprint:
+            # Another job's rows are refused; a job that stopped before its first row (a bad
+            # checkpoint path, say) left none, and the corrected job takes the directory over.
+            holds_rows = self.path.exists() and self.path.stat().st_size > 0
+            if old != fingerprint and holds_rows:
                 keys = sorted(
                     k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)
                 )
@@ -126,7 +129,8 @@ class ResultStore:
                     f"output directory {str(self.dir)!r} holds results of a different job "
                     f"(differs in: {', '.join(keys)}); use another output directory or delete it"
                 )
-            return
+            if old == fingerprint:
+                return
         tmp = job.with_name(f"{JOB}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=2))
         os.replace(tmp, job)
