@@ -223,9 +223,13 @@ def read_examples(
     its line number) or an input without examples.
     """
     if source == "humaneval":
+        try:
+            rows = humaneval_prompts(limit)
+        except ModuleNotFoundError as e:
+            raise JobError(str(e), role="input", path="humaneval") from e
         return [
             Example(i, row["prompt"], row.get("canonical_solution"), {"task_id": row["task_id"]})
-            for i, row in enumerate(humaneval_prompts(limit))
+            for i, row in enumerate(rows)
         ]
     path = os.fspath(source)
     if not os.path.isfile(path):

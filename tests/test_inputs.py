@@ -125,6 +125,23 @@ def test_tokenize_truncates_decoder_prompts_at_the_start_and_encoder_inputs_at_t
         inputs.tokenize([inputs.Example(3, "")], vocab, encoder_decoder=False, max_len=4)
 
 
+def test_encode_reports_the_untruncated_length():
+    vocab = _Chars()
+    examples = [inputs.Example(0, "abcdef"), inputs.Example(1, "xy")]
+    decoder = inputs.encode(examples, vocab, encoder_decoder=False, max_len=4)
+    assert [(e.ids, e.full_length, e.truncated) for e in decoder] == [
+        ([99, 100, 101, 102], 6, True),
+        ([120, 121], 2, False),
+    ]
+    encoder = inputs.encode(examples, vocab, encoder_decoder=True, max_len=4)
+    assert [(e.full_length, e.truncated) for e in encoder] == [(7, True), (3, False)]  # + EOS
+    seqio = [inputs.Example(0, "abcdef", ids=(97, 98, 99, 1))]
+    assert inputs.encode(seqio, vocab, encoder_decoder=True, max_len=2)[0].full_length == 4
+    assert not inputs.encode(seqio, vocab, encoder_decoder=False, max_len=8)[0].truncated
+    with pytest.raises(JobError, match=r"^input f\.jsonl:7: input 3 is empty"):
+        inputs.encode([inputs.Example(3, "", source="f.jsonl:7")], vocab, False, 4)
+
+
 def test_bucket_is_a_power_of_two_at_least_8_capped():
     assert [inputs.bucket(n, 64) for n in (1, 8, 9, 16, 17, 63)] == [8, 8, 16, 16, 32, 64]
     assert inputs.bucket(40, 48) == 48  # capped
