@@ -11,6 +11,10 @@ Formats (ModelSpec.format):
   't5x'     path: a T5X checkpoint directory (local or gs://); `model` gives the architecture.
   'random'  RANDOM WEIGHTS from `model.init_params(PRNGKey(seed))`: for tests and smoke runs only,
             never a trained model; every job labels it as such.
+
+A file a loader cannot read becomes a JobError naming the role and the file (`error: target PATH:
+...`). `fit_vocabulary` checks the tokenizer against each model's output size before decoding and
+masks the padding ids of a model table padded past the tokenizer (`PaddingMasked`).
 """
 
 from __future__ import annotations
