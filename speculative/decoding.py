@@ -9,8 +9,9 @@ The file reads top to bottom:
   1. `DecodeConfig`, the loop state and the outputs (typed, documented fields);
   2. shared pieces: prefill, emitting a block of tokens;
   3. plain decoding, one target call per token (`autoregressive_loop`);
-  4. speculative decoding: `_draft_block`, `_speculative_round` (one round in one screen) and
-     `speculative_loop`;
+  4. speculative decoding: `ModelDrafter` (the paper's draft: a smaller model; other drafts
+     implement the same `drafts.base.Drafter` interface in their own files), `_speculative_round`
+     (one round in one screen) and `speculative_loop`;
   5. the public calls `autoregressive_decode` / `speculative_decode`, input validation and the NaN
      check.
 
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import inputs
+from speculative.drafts.base import DraftContext, Drafter, StatelessDrafter
 from speculative.models.base import DecodeState, LanguageModel, write_rows
 from speculative.sampling import SamplingConfig, sample, verify_detailed
 
@@ -349,64 +351,116 @@ def autoregressive_loop(
 # 4. Speculative decoding.
 
 
-def _draft_block(
-    draft: LanguageModel,
-    params: Any,
-    state: DecodeState,
-    pos: jax.Array,
-    last: jax.Array,
-    prev: jax.Array,
-    rng: jax.Array,
-    gamma: int,
-    sampling: SamplingConfig,
-) -> tuple[jax.Array, jax.Array, DecodeState]:
-    """Proposes gamma tokens per row, drawn from the processed draft logits.
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(StatelessDrafter):
+    """The paper's draft: a smaller LanguageModel sampled autoregressively (drafts/base.Drafter).
 
-    Returns:
-      (tokens [B, G] int32, logits [B, G, V] float32 they were drawn from, draft state with index
-      pos + G).
+    Its state is the model's DecodeState. Each round re-feeds [prev, last] at pos - 1, which both
+    rewinds past rejected tokens and writes the cache slot of the target's replacement token
+    (docs/design.md §3), then samples gamma tokens.
     """
-    # Catch-up block [prev, last] at pos - 1 (docs/design.md §3); rows at position 0 (nothing
-    # before `last`) feed [last, last] at 0 and read the first logits (slot 1 is overwritten next).
-    start = jnp.maximum(pos - 1, 0)
-    first = jnp.where(pos > 0, prev, last)
-    logits2, state = draft.extend(params, state.replace(index=start), jnp.stack([first, last], 1))
-    logits = jnp.take_along_axis(logits2, (pos - start)[:, None, None], axis=1)[:, 0]
-    state = state.replace(index=pos + 1)
-    rngs = jax.random.split(rng, gamma)
-    token, _ = sample(rngs[0], logits, sampling)
 
-    def step(carry, step_rng):
-        state, token = carry
-        logits, state = draft.extend(params, state, token[:, None])
-        next_token, _ = sample(step_rng, logits[:, 0], sampling)
-        return (state, next_token), (next_token, logits[:, 0])
+    model: LanguageModel
 
-    (state, _), (tokens, rest) = jax.lax.scan(step, (state, token), rngs[1:])
-    tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
-    all_logits = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
-    return tokens, all_logits, state
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def check_target(self, target: LanguageModel) -> None:
+        check_pair(target, self.model)
+
+    def validate(self, batch: dict[str, jax.Array], config: DecodeConfig) -> None:
+        validate_batch(self.model, batch, config)
+
+    def place_params(self, partitioner: Any, params: Any) -> Any:
+        return partitioner.place_params(self.model, params, "draft")
+
+    def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> DecodeState:
+        state, _, _, _ = prefill(self.model, params, batch, config.cache_length(self.model, batch))
+        return state
+
+    def constrain(self, partitioner: Any, state: DecodeState) -> DecodeState:
+        return _constrain(partitioner, self.model, state, "draft")
+
+    def propose(
+        self,
+        params: Any,
+        state: DecodeState,
+        context: DraftContext,
+        rng: jax.Array,
+        gamma: int,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, DecodeState]:
+        """gamma tokens per row: (tokens [B, G], logits [B, G, V] they were drawn from, state with
+        index pos + G)."""
+        draft, pos, last, prev = self.model, context.pos, context.last, context.prev
+        # Catch-up block [prev, last] at pos - 1 (docs/design.md §3); rows at position 0 (nothing
+        # before `last`) feed [last, last] at 0 and read the first logits (slot 1 is overwritten
+        # next).
+        start = jnp.maximum(pos - 1, 0)
+        first = jnp.where(pos > 0, prev, last)
+        block = jnp.stack([first, last], 1)
+        logits2, state = draft.extend(params, state.replace(index=start), block)
+        logits = jnp.take_along_axis(logits2, (pos - start)[:, None, None], axis=1)[:, 0]
+        state = state.replace(index=pos + 1)
+        rngs = jax.random.split(rng, gamma)
+        token, _ = sample(rngs[0], logits, sampling)
+
+        def step(carry, step_rng):
+            state, token = carry
+            logits, state = draft.extend(params, state, token[:, None])
+            next_token, _ = sample(step_rng, logits[:, 0], sampling)
+            return (state, next_token), (next_token, logits[:, 0])
+
+        (state, _), (tokens, rest) = jax.lax.scan(step, (state, token), rngs[1:])
+        tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
+        all_logits = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+        return tokens, all_logits, state
+
+
+def as_drafter(draft: LanguageModel | Drafter) -> Drafter:
+    """A Drafter as it is, a LanguageModel as the paper's `ModelDrafter`."""
+    return draft if isinstance(draft, Drafter) else ModelDrafter(draft)
+
+
+def _draft_context(s: LoopState, batch: dict[str, jax.Array]) -> DraftContext:
+    if "prompt" in batch:
+        prompt, prompt_lengths = batch["prompt"], batch["prompt_lengths"]
+    else:
+        prompt = batch["encoder_input_tokens"]
+        prompt_lengths = jnp.sum(prompt != 0, axis=1)
+    return DraftContext(
+        pos=s.pos,
+        last=s.last,
+        prev=s.prev,
+        tokens=s.tokens,
+        lengths=s.lengths,
+        prompt=prompt.astype(jnp.int32),
+        prompt_lengths=prompt_lengths.astype(jnp.int32),
+        done=s.done,
+    )
 
 
 def _speculative_round(
     s: LoopState,
     target: LanguageModel,
     target_params: Any,
-    draft: LanguageModel,
+    drafter: Drafter,
     draft_params: Any,
+    batch: dict[str, jax.Array],
     config: DecodeConfig,
 ) -> LoopState:
     """One draft-verify-emit round over the whole batch; inactive rows are left unchanged.
 
-    1. draft: x_1..x_G ~ q_1..q_G (after re-feeding [prev, last]);
+    1. draft: x_1..x_G ~ q_1..q_G (a model draft first re-feeds [prev, last]);
     2. target: one call on [last, x_1..x_G] at pos -> p_1..p_{G+1};
     3. verify: n accepted, the next token from the residual or p_{G+1};
     4. emit x_1..x_n, next; the target index moves to pos + n + 1 (rollback = index reset).
     """
     gamma, active = config.gamma, ~s.done
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
-    draft_tokens, draft_logits, draft_state = _draft_block(
-        draft, draft_params, s.draft, s.pos, s.last, s.prev, draft_rng, gamma, config.sampling
+    draft_tokens, draft_logits, draft_state = drafter.propose(
+        draft_params, s.draft, _draft_context(s, batch), draft_rng, gamma, config.sampling
     )
     block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
     target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
@@ -453,30 +507,31 @@ def _speculative_round(
 def speculative_loop(
     target: LanguageModel,
     target_params: Any,
-    draft: LanguageModel,
+    draft: LanguageModel | Drafter,
     draft_params: Any,
     batch: dict[str, jax.Array],
     rng: jax.Array,
     config: DecodeConfig,
     partitioner: Any = None,
 ) -> DecodeOutput:
-    """Speculative decoding, jitted. config.gamma must be set; inputs must pass `validate_batch`
-    for both models."""
+    """Speculative decoding, jitted. draft: a smaller LanguageModel or any `Drafter`;
+    config.gamma must be set; inputs must pass `validate_batch` for the target and the draft."""
+    drafter = as_drafter(draft)
     target_state, pos, last, prev = prefill(
         target, target_params, batch, config.cache_length(target, batch)
     )
-    draft_state, _, _, _ = prefill(draft, draft_params, batch, config.cache_length(draft, batch))
+    draft_state = drafter.init(draft_params, batch, config)
 
     def body(s: LoopState) -> LoopState:
-        s = _speculative_round(s, target, target_params, draft, draft_params, config)
+        s = _speculative_round(s, target, target_params, drafter, draft_params, batch, config)
         return s.replace(
             target=_constrain(partitioner, target, s.target, "target"),
-            draft=_constrain(partitioner, draft, s.draft, "draft"),
+            draft=drafter.constrain(partitioner, s.draft),
         )
 
     init = _initial_loop_state(
         _constrain(partitioner, target, target_state, "target"),
-        _constrain(partitioner, draft, draft_state, "draft"),
+        drafter.constrain(partitioner, draft_state),
         pos,
         last,
         prev,
@@ -515,13 +570,13 @@ def autoregressive_decode(
       DecodeOutput with tokens [B, max_decode_len], lengths [B] and per-row `DecodeStats`.
     """
     config = DecodeConfig(max_decode_len, eos_id, sampling)
-    return _run(autoregressive_loop, [(model, params, "target")], batch, config, rng, partitioner)
+    return _run(autoregressive_loop, model, params, None, None, batch, config, rng, partitioner)
 
 
 def speculative_decode(
     target: LanguageModel,
     target_params: Any,
-    draft: LanguageModel,
+    draft: LanguageModel | Drafter,
     draft_params: Any,
     batch: dict[str, jax.Array],
     *,
@@ -536,7 +591,8 @@ def speculative_decode(
 
     Args:
       target, draft: models sharing a vocabulary (same vocab_size; compare token lists with
-        `vocab.check_compatible` when loading).
+        `vocab.check_compatible` when loading). draft may also be any `drafts.base.Drafter`
+        (n-gram tables, prompt lookup, ...), with draft_params its arrays.
       batch: as for `autoregressive_decode`.
       gamma: draft tokens proposed per round (>= 1).
       partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh, target and draft
@@ -547,23 +603,33 @@ def speculative_decode(
       tokens_per_call (tau), accepted_at / verified_at [B, G].
     """
     config = DecodeConfig(max_decode_len, eos_id, sampling, gamma)
-    check_pair(target, draft)
-    models = [(target, target_params, "target"), (draft, draft_params, "draft")]
-    return _run(speculative_loop, models, batch, config, rng, partitioner)
+    drafter = as_drafter(draft)
+    drafter.check_target(target)
+    return _run(
+        speculative_loop, target, target_params, drafter, draft_params, batch, config, rng,
+        partitioner,
+    )  # fmt: skip
 
 
-def _run(loop, models, batch, config, rng, partitioner) -> DecodeOutput:
-    """Validates, places (with a partitioner) and runs a jitted loop; models: [(model, params,
-    role)], the target first. Raises on NaN logits after the loop."""
-    for model, _, _ in models:
-        validate_batch(model, batch, config)
+def _run(
+    loop, model, params, drafter, draft_params, batch, config, rng, partitioner
+) -> DecodeOutput:
+    """Validates, places (with a partitioner) and runs a jitted loop; drafter None for plain
+    decoding. Raises on NaN logits after the loop."""
+    validate_batch(model, batch, config)
+    if drafter is not None:
+        drafter.validate(batch, config)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     if partitioner is not None:
-        models = [(m, partitioner.place_params(m, p, role), role) for m, p, role in models]
+        params = partitioner.place_params(model, params, "target")
+        if drafter is not None:
+            draft_params = drafter.place_params(partitioner, draft_params)
         batch, rng = place_inputs(partitioner, batch, rng)
-    args = [x for model, params, _ in models for x in (model, params)]
-    out = loop(*args, batch, rng, config, partitioner)
-    return check_finite(out, "model" if len(models) == 1 else "target")
+    if drafter is None:
+        out = loop(model, params, batch, rng, config, partitioner)
+    else:
+        out = loop(model, params, drafter, draft_params, batch, rng, config, partitioner)
+    return check_finite(out, "model" if drafter is None else "target")
 
 
 def place_inputs(partitioner: Any, batch: dict[str, jax.Array], rng: jax.Array) -> tuple:

@@ -1,0 +1,164 @@
+"""Unigram and bigram drafts (the paper's Table 3): token statistics instead of a draft model.
+
+Proposing costs a table lookup and one [B, V] softmax per token, so c ≈ 0 and any accepted token is
+nearly free. The tables are fitted from token sequences: a corpus, or the target's own samples
+(which is what the drafts should imitate).
+
+- Unigram: q(x) = (count(x) + k) / (N + k V), add-k smoothing; every proposal uses the same q.
+- Bigram: q(x | a) = (count_K(a, x) + β q_uni(x)) / (count_K(a) + β), the top-K successors of
+  each token a kept with their counts (count_K(a) is their sum) and the unigram as the backoff with
+  weight β. The stored arrays are [V, K], never [V, V], so a 152k vocabulary stays small.
+
+`NgramTables` is the drafter's params pytree; `save` / `load` store it as .npz (no pickle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative.drafts.base import DraftContext, StatelessDrafter
+from speculative.sampling import SamplingConfig, sample
+
+
+@flax.struct.dataclass
+class NgramTables:
+    """unigram: [V] float32 probabilities; successors: [V, K] int32 ids; successor_counts: [V, K]
+    float32 (0 in unused slots); backoff: float32 scalar β (weight of the unigram in the bigram)."""
+
+    unigram: jax.Array
+    successors: jax.Array
+    successor_counts: jax.Array
+    backoff: jax.Array
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.unigram.shape[0])
+
+
+def fit(
+    sequences: Iterable[Sequence[int]],
+    vocab_size: int,
+    top_k: int = 8,
+    add_k: float = 0.1,
+    backoff: float = 1.0,
+) -> NgramTables:
+    """Counts unigrams and bigrams of token-id sequences (each sequence is one text).
+
+    Args:
+      sequences: token ids, e.g. a tokenised corpus or the target's sampled outputs.
+      vocab_size: V, the target's vocabulary size.
+      top_k: successors kept per token for the bigram.
+      add_k: unigram smoothing (every id keeps a nonzero probability).
+      backoff: β, the unigram's weight in each bigram row.
+    """
+    if add_k <= 0 or backoff <= 0 or top_k < 1:
+        raise ValueError(
+            f"need add_k > 0, backoff > 0, top_k >= 1; got {add_k}, {backoff}, {top_k}"
+        )
+    unigram = np.zeros(vocab_size, np.float64)
+    pairs: dict[tuple[int, int], int] = {}
+    for seq in sequences:
+        ids = np.asarray(seq, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(
+                f"token ids must be in 0..{vocab_size - 1}, got {ids.min()}..{ids.max()}"
+            )
+        np.add.at(unigram, ids, 1)
+        for a, b in zip(ids[:-1].tolist(), ids[1:].tolist()):
+            pairs[(a, b)] = pairs.get((a, b), 0) + 1
+    unigram = (unigram + add_k) / (unigram.sum() + add_k * vocab_size)
+    successors = np.zeros((vocab_size, top_k), np.int32)
+    counts = np.zeros((vocab_size, top_k), np.float32)
+    by_first: dict[int, list[tuple[int, int]]] = {}
+    for (a, b), n in pairs.items():
+        by_first.setdefault(a, []).append((n, b))
+    for a, nexts in by_first.items():
+        nexts.sort(key=lambda nb: (-nb[0], nb[1]))  # most frequent first, ties by id
+        for slot, (n, b) in enumerate(nexts[:top_k]):
+            successors[a, slot], counts[a, slot] = b, n
+    return NgramTables(
+        unigram=jnp.asarray(unigram, jnp.float32),
+        successors=jnp.asarray(successors),
+        successor_counts=jnp.asarray(counts),
+        backoff=jnp.asarray(backoff, jnp.float32),
+    )
+
+
+def save(tables: NgramTables, path: str | os.PathLike) -> None:
+    np.savez(
+        path, **{f.name: np.asarray(getattr(tables, f.name)) for f in dataclasses.fields(tables)}
+    )
+
+
+def load(path: str | os.PathLike) -> NgramTables:
+    """Reads tables written by `save`; raises ValueError naming the file if they are malformed."""
+    with np.load(path, allow_pickle=False) as data:
+        try:
+            tables = NgramTables(
+                **{f.name: jnp.asarray(data[f.name]) for f in dataclasses.fields(NgramTables)}
+            )
+        except KeyError as e:
+            raise ValueError(f"{path}: not an n-gram table file (missing {e})") from e
+    v, k = tables.successors.shape if tables.successors.ndim == 2 else (-1, -1)
+    if (
+        tables.unigram.shape != (v,)
+        or tables.successor_counts.shape != (v, k)
+        or tables.backoff.ndim
+    ):
+        raise ValueError(f"{path}: inconsistent n-gram table shapes")
+    return tables
+
+
+def bigram_probs(tables: NgramTables, previous: jax.Array) -> jax.Array:
+    """[B] previous tokens -> [B, V] float32 q(x | previous)."""
+    rows = jnp.arange(previous.shape[0])[:, None]
+    counts = tables.successor_counts[previous]  # [B, K]
+    probs = jnp.broadcast_to(
+        tables.backoff * tables.unigram, (previous.shape[0], tables.vocab_size)
+    )
+    probs = probs.at[rows, tables.successors[previous]].add(counts)
+    return probs / (jnp.sum(counts, axis=1) + tables.backoff)[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter(StatelessDrafter):
+    """order 1 (unigram) or 2 (bigram) draft over a vocabulary of vocab_size ids; its params are an
+    `NgramTables` of that size."""
+
+    vocab_size: int
+    order: int = 2
+
+    def __post_init__(self):
+        if self.order not in (1, 2):
+            raise ValueError(f"n-gram order must be 1 or 2, got {self.order!r}")
+
+    def propose(
+        self,
+        params: NgramTables,
+        state: tuple,
+        context: DraftContext,
+        rng: jax.Array,
+        gamma: int,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, tuple]:
+        """gamma tokens per row, each drawn from q(· | the token before it)."""
+        rows = context.last.shape[0]
+
+        def step(previous, step_rng):
+            if self.order == 1:
+                probs = jnp.broadcast_to(params.unigram, (rows, self.vocab_size))
+            else:
+                probs = bigram_probs(params, previous)
+            logits = jnp.log(probs)
+            token, _ = sample(step_rng, logits, sampling)
+            return token, (token, logits)
+
+        _, (tokens, logits) = jax.lax.scan(step, context.last, jax.random.split(rng, gamma))
+        return tokens.T, jnp.swapaxes(logits, 0, 1), state

@@ -1,0 +1,83 @@
+"""Prompt lookup: propose the tokens that followed the latest earlier occurrence of the text's tail.
+
+Code edits, summaries and translations copy long spans of their input, and a copied span is
+guessed exactly by finding where the last n tokens appeared before and reading on (the n-gram /
+prompt-lookup drafts of vLLM and llama.cpp). The draft needs no model and no params: c ≈ 0.
+
+Per row, inside the jitted loop, over the committed text (prompt + generated tokens; for an
+encoder-decoder, source + generated):
+1. for n = max_ngram down to min_ngram, find the latest start j < len - n whose n tokens equal the
+   last n tokens of the text; the longest n that matches wins;
+2. propose x_k = text[j + n + (k mod P)], P = len - j - n: the continuation, repeated periodically
+   once it reaches the present (a repeating pattern keeps repeating);
+3. with no match at any n, propose the last token repeated: still a valid block, and the target
+   call still yields its one token.
+
+q is one-hot on each proposal, so a proposal x is accepted with probability p(x) (always, in
+greedy decoding, when it is the target's argmax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from speculative.drafts.base import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.sampling import SamplingConfig
+
+
+def latest_match(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:
+    """[B, L] texts of [B] lengths -> [B] the latest start j with ids[j:j+n] == the last n tokens
+    and j + n < length (at least one token follows the match); -1 where there is none."""
+    width = ids.shape[1]
+    starts = jnp.arange(width)[None, :]
+    tail = jnp.take_along_axis(ids, jnp.maximum(length[:, None] - n + jnp.arange(n), 0), axis=1)
+    match = starts + n < length[:, None]
+    match &= length[:, None] >= n
+    for t in range(n):
+        shifted = jnp.take_along_axis(ids, jnp.minimum(starts + t, width - 1), axis=1)
+        match &= shifted == tail[:, t : t + 1]
+    return jnp.max(jnp.where(match, starts, -1), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookupDrafter(StatelessDrafter):
+    """Prompt lookup over a vocabulary of vocab_size ids, n-grams of min_ngram..max_ngram tokens.
+    Its params are empty: pass `()`."""
+
+    vocab_size: int
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(
+                f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
+            )
+
+    def propose(
+        self,
+        params: tuple,
+        state: tuple,
+        context: DraftContext,
+        rng: jax.Array,
+        gamma: int,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, tuple]:
+        """gamma tokens per row read off the latest match of the text's tail (see module doc)."""
+        del params, rng, sampling  # deterministic proposals; q is one-hot on them
+        ids, length = context.history()
+        found = jnp.full(length.shape, -1)
+        follow = jnp.zeros_like(length)  # j + n of the winning match
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            j = latest_match(ids, length, n)
+            take = (found < 0) & (j >= 0)
+            follow = jnp.where(take, j + n, follow)
+            found = jnp.where(take, j, found)
+        period = jnp.maximum(length - follow, 1)
+        offsets = follow[:, None] + jnp.arange(gamma)[None, :] % period[:, None]
+        tokens = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1), axis=1)
+        tokens = jnp.where((found >= 0)[:, None], tokens, context.last[:, None]).astype(jnp.int32)
+        return tokens, one_hot_logits(tokens, self.vocab_size), state
