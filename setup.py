@@ -30,6 +30,7 @@ setup(
             "pytest>=8.0",
             "ruff>=0.5",
             "scipy>=1.11",
+            "hypothesis>=6.100",  # loader fuzzing (tests/test_loader_fuzz.py)
             # Test oracles only; torch 2.13.0 CPU is the build this project tests against.
             "torch>=2.2",
             "transformers>=4.45",

@@ -41,6 +41,9 @@ _ORBAX_MARKERS = ("_METADATA", "manifest.ocdbt")
 # Beyond this many chunks, missing ones are counted by one query but not located one by one.
 _MAX_CHUNKS_TO_LOCATE = 4096
 _CHUNKS_NAMED = 8
+# A zarr chunk may exceed its array (it is stored padded), but not by more than this: TensorStore
+# allocates a whole chunk to read it, and aborts the process when that allocation fails.
+_MAX_OVERSIZE_CHUNK_BYTES = 64 << 20
 
 
 def _directory_url(path: str) -> str:
@@ -102,9 +105,23 @@ def open_param(directory: str, name: str, spec: dict[str, Any], version: int = 3
         declared = _declared_metadata(spec, version)
         if declared:
             open_spec["metadata"] = declared
-        return ts.open(open_spec, open=True).result()
+        store = ts.open(open_spec, open=True).result()
     except Exception as e:  # tensorstore raises ValueError / RuntimeError variants
         raise ValueError(f"{where}: cannot open parameter {name!r} ({spec}): {e}") from e
+    _check_chunk_size(store, where, name)
+    return store
+
+
+def _check_chunk_size(store: Any, where: str, name: str) -> None:
+    """Refuses a chunk shape whose reads would need more than the array (or 64 MiB) at once."""
+    itemsize = store.dtype.numpy_dtype.itemsize
+    chunk = store.chunk_layout.read_chunk.shape
+    chunk_bytes = math.prod(chunk) * itemsize
+    if chunk_bytes > max(math.prod(store.domain.shape) * itemsize, _MAX_OVERSIZE_CHUNK_BYTES):
+        raise ValueError(
+            f"{where}: parameter {name!r} has chunks of shape {tuple(chunk)} ({chunk_bytes} bytes) "
+            f"for an array of shape {tuple(store.domain.shape)}: corrupt .zarray?"
+        )
 
 
 def _chunk_slices(store: Any, cell: tuple[int, ...]) -> tuple[slice, ...]:
