@@ -49,12 +49,16 @@ class DecodeConfig:
     stop_ids: a row stops after emitting any of these (an int is accepted and becomes a 1-tuple).
     sampling: temperature / top-k / top-p, shared by the draft and the target.
     gamma: draft tokens proposed per speculative round (>= 1); None for plain decoding.
+    lenience: l in (0, 1], the acceptance rule's factor (`sampling.verify_detailed`). 1 (the
+      default) is exact; l < 1 is the paper's lossy lenient acceptance, and every output made with
+      it says so (`DecodeOutput.exact` is False).
     """
 
     max_decode_len: int
     stop_ids: tuple[int, ...]
     sampling: SamplingConfig = SamplingConfig()
     gamma: int | None = None
+    lenience: float = 1.0
 
     def __post_init__(self):
         ids = self.stop_ids
@@ -75,6 +79,14 @@ class DecodeConfig:
             if not _is_int(self.gamma) or self.gamma < 1:
                 raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
             object.__setattr__(self, "gamma", int(self.gamma))
+        if isinstance(self.lenience, bool) or not 0.0 < float(self.lenience) <= 1.0:
+            raise ValueError(f"lenience must be in (0, 1], got {self.lenience!r}")
+        object.__setattr__(self, "lenience", float(self.lenience))
+
+    @property
+    def exact(self) -> bool:
+        """Whether outputs follow the target's distribution (no lenience)."""
+        return self.lenience == 1.0
 
     @property
     def block(self) -> int:
@@ -179,11 +191,17 @@ class DecodeOutput:
     tokens: [B, max_decode_len] int32 generated tokens, EOS included, 0 after it.
     lengths: [B] int32 generated tokens per row (EOS included).
     stats: `DecodeStats`, per row.
+    lenience: the acceptance rule's factor; `exact` is False when it was below 1 (lossy output).
     """
 
     tokens: jax.Array
     lengths: jax.Array
     stats: DecodeStats
+    lenience: float = flax.struct.field(pytree_node=False, default=1.0)
+
+    @property
+    def exact(self) -> bool:
+        return self.lenience == 1.0
 
 
 @flax.struct.dataclass
@@ -287,7 +305,7 @@ def _output(s: LoopState, config: DecodeConfig, partitioner: Any) -> DecodeOutpu
     limit = config.max_decode_len
     tokens = s.tokens[:, :limit]
     tokens = jnp.where(jnp.arange(limit)[None, :] < s.lengths[:, None], tokens, 0)
-    out = DecodeOutput(tokens, s.lengths, s.stats)
+    out = DecodeOutput(tokens, s.lengths, s.stats, config.lenience)
     return out if partitioner is None else partitioner.constrain_rows(out)
 
 
@@ -320,7 +338,7 @@ def autoregressive_loop(
     partitioner: Any = None,
 ) -> DecodeOutput:
     """Plain decoding, jitted: one target call per token. Inputs must pass `validate_batch`."""
-    block = dataclasses.replace(config, gamma=None)
+    block = dataclasses.replace(config, gamma=None, lenience=1.0)
     state, pos, last, prev = prefill(model, params, batch, block.cache_length(model, batch))
     state = _constrain(partitioner, model, state, "target")
 
@@ -465,7 +483,7 @@ def _speculative_round(
     block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
     target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
     n, next_token, beta = verify_detailed(
-        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling
+        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience
     )
 
     # Emit x_1..x_n then next_token: put next_token at block position n.
@@ -586,6 +604,7 @@ def speculative_decode(
     sampling: SamplingConfig = SamplingConfig(),
     rng: jax.Array | None = None,
     partitioner: Any = None,
+    lenience: float = 1.0,
 ) -> DecodeOutput:
     """Exact speculative decoding: output distributed as `autoregressive_decode(target, ...)`.
 
@@ -597,12 +616,14 @@ def speculative_decode(
       gamma: draft tokens proposed per round (>= 1).
       partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh, target and draft
         each sharded by their own rules (see `autoregressive_decode`).
+      lenience: 1 (exact, the default) or the paper's lossy lenient acceptance factor in (0, 1);
+        the output's `exact` says which.
     Returns:
       DecodeOutput; its `DecodeStats` hold per row target_calls, draft_calls (a call = one draft
       forward step), drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions),
       tokens_per_call (tau), accepted_at / verified_at [B, G].
     """
-    config = DecodeConfig(max_decode_len, eos_id, sampling, gamma)
+    config = DecodeConfig(max_decode_len, eos_id, sampling, gamma, lenience)
     drafter = as_drafter(draft)
     drafter.check_target(target)
     return _run(

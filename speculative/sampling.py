@@ -353,8 +353,9 @@ def verify_detailed(
     draft_logits: jax.Array,
     draft_tokens: jax.Array,
     cfg: SamplingConfig,
+    lenience: float = 1.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`verify` plus the per-position overlap beta_i = sum_x min(p_i(x), q_i(x)).
+    """`verify` plus the per-position acceptance probability beta_i = sum_x min(p_i(x), q_i(x)).
 
     Args:
       rng: PRNG key.
@@ -362,6 +363,12 @@ def verify_detailed(
       draft_logits: [B, G, V] draft logits that x_1..x_G were sampled from.
       draft_tokens: [B, G] int32 x_1..x_G.
       cfg: sampling configuration shared by draft and target.
+      lenience: l in (0, 1]. 1 is the exact rule. l < 1 is the paper's lenient acceptance
+        (Leviathan et al. 2023, appendix "Lenience"): q is multiplied by l before it is compared
+        with p, so x is accepted with probability min(1, p(x) / (l q(x))) and a rejection resamples
+        from norm(max(0, p - l q)). It is lossy: no token is emitted with probability above
+        p(x) / l, but the output no longer follows p. beta is then sum_x min(q(x), p(x) / l), the
+        acceptance probability. Temperature 0 ignores it (argmax agreement has no slack).
     Returns:
       num_accepted [B] int32 in 0..G, next_token [B] int32, beta [B, G] float32.
     """
@@ -371,7 +378,11 @@ def verify_detailed(
     batch = draft_tokens.shape[0]
     p = jnp.exp(process_logits(target_logits, cfg))  # [B, G+1, V]
     q = jnp.exp(process_logits(draft_logits, cfg))  # [B, G, V]
-    beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
+    if lenience != 1.0:  # a static branch: the exact rule's arithmetic stays bit for bit
+        beta = jnp.sum(jnp.minimum(p[:, :gamma] / lenience, q), axis=-1)
+        q = lenience * q
+    else:
+        beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
 
     accept_rng, resample_rng = jax.random.split(rng)
     tokens = draft_tokens[..., None]

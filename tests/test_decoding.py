@@ -273,3 +273,32 @@ def test_several_stop_ids(target, draft, batch):
         assert length == (hits[0] + 1 if hits.size else MAX_LEN)
     with pytest.raises(ValueError, match="eos_id"):
         decoding.autoregressive_decode(*target, batch, max_decode_len=4, eos_id=())
+
+
+def test_lenient_acceptance_is_labelled_lossy_and_accepts_more(small_pair):
+    (tgt, tgt_params), (drf, drf_params) = small_pair
+    run = dict(
+        gamma=3, max_decode_len=SEQ_LEN, sampling=SamplingConfig(temperature=1.0), eos_id=EOS,
+        rng=jax.random.PRNGKey(5),
+    )  # fmt: skip
+    prompts = _repeated_prompt(2000)
+    exact = decoding.speculative_decode(tgt, tgt_params, drf, drf_params, prompts, **run)
+    same = decoding.speculative_decode(
+        tgt, tgt_params, drf, drf_params, prompts, lenience=1.0, **run
+    )
+    lenient = decoding.speculative_decode(
+        tgt, tgt_params, drf, drf_params, prompts, lenience=0.3, **run
+    )
+    assert exact.exact and same.exact and not lenient.exact and lenient.lenience == 0.3
+    np.testing.assert_array_equal(same.tokens, exact.tokens)
+
+    def accepted(out):
+        return np.asarray(out.stats.accepted).sum() / np.asarray(out.stats.verified).sum()
+
+    assert accepted(lenient) > accepted(exact) + 0.05
+    plain = decoding.autoregressive_decode(
+        tgt, tgt_params, prompts, max_decode_len=SEQ_LEN, eos_id=EOS
+    )
+    assert plain.exact
+    with pytest.raises(ValueError, match="lenience"):
+        decoding.DecodeConfig(4, 0, gamma=2, lenience=0.0)

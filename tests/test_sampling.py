@@ -439,3 +439,51 @@ def test_categorical_is_jax_random_categorical():
         )
         tokens, _ = sampling.sample(key, logits, SamplingConfig(temperature=1.0))
         np.testing.assert_array_equal(tokens, jax.random.categorical(key, log_probs, axis=-1))
+
+
+# --- lenient acceptance (the paper's factor l; lossy) -------------------------------------------
+
+
+def _draw_lenient(cfg, n, seed, lenience):
+    key_draft, key_verify = jax.random.split(jax.random.PRNGKey(seed))
+    target_logits = jnp.broadcast_to(TARGET, (n, 2, V))
+    draft_logits = jnp.broadcast_to(DRAFT[:1], (n, 1, V))
+    draft_tokens, _ = sampling.sample(key_draft, draft_logits, cfg)
+    n_acc, next_token, beta = jax.jit(sampling.verify_detailed, static_argnums=(4, 5))(
+        key_verify, target_logits, draft_logits, draft_tokens, cfg, lenience
+    )
+    first = np.where(n_acc == 1, draft_tokens[:, 0], next_token)
+    return np.asarray(n_acc), np.asarray(first), np.asarray(beta)
+
+
+def test_lenience_one_is_the_exact_rule_bit_for_bit():
+    cfg = SamplingConfig(temperature=1.0, top_k=6)
+    key = jax.random.PRNGKey(3)
+    target_logits = jnp.broadcast_to(TARGET, (64, 2, V))
+    draft_logits = jnp.broadcast_to(DRAFT[:1], (64, 1, V))
+    tokens, _ = sampling.sample(key, draft_logits, cfg)
+    exact = sampling.verify_detailed(key, target_logits, draft_logits, tokens, cfg)
+    lenient = sampling.verify_detailed(key, target_logits, draft_logits, tokens, cfg, 1.0)
+    for a, b in zip(exact, lenient):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("lenience", [0.5, 0.3, 0.1])
+def test_lenient_rule_follows_its_analytic_distribution(lenience):
+    """First emitted token: P(x) = min(q(x), p(x)/l) + (1 - beta_l) norm(max(0, p - l q))(x), with
+    the acceptance rate beta_l = sum min(q, p/l) rising as l falls."""
+    cfg = SamplingConfig(temperature=1.0)
+    n = 200_000
+    n_acc, first, beta = _draw_lenient(cfg, n, seed=1, lenience=lenience)
+    p = np.exp(np.asarray(sampling.process_logits(TARGET[0], cfg), np.float64))
+    q = np.exp(np.asarray(sampling.process_logits(DRAFT[0], cfg), np.float64))
+    accept = np.minimum(q, p / lenience)
+    beta_l = min(accept.sum(), 1.0)  # at l = 0.1 every draft token is accepted
+    residual = np.maximum(p - lenience * q, 0.0)
+    analytic = accept + (1 - beta_l) * residual / residual.sum()
+    assert abs(analytic.sum() - 1) < 1e-6
+    assert _pvalue(first, analytic) > 1e-3
+    assert abs(n_acc.mean() - beta_l) <= 4 * np.sqrt(beta_l * (1 - beta_l) / n)
+    np.testing.assert_allclose(beta[:, 0], beta_l, rtol=1e-5)
+    assert beta_l > np.minimum(p, q).sum()  # more acceptance than the exact rule...
+    assert _pvalue(first, p) < 1e-6  # ...and no longer the target's distribution
