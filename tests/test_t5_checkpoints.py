@@ -215,6 +215,17 @@ def test_t5x_huge_declared_shape_is_refused_before_reading(tmp_path, params):
         load_t5x(str(tmp_path), CONFIG)
 
 
+def test_t5x_huge_chunk_shape_is_refused_before_reading(tmp_path, params):
+    """Found by the fuzzer: TensorStore allocates a whole chunk per read and aborted the process."""
+    write_t5x_checkpoint(tmp_path, params)
+    zarray = tmp_path / QUERY_DIR / ".zarray"
+    meta = json.loads(zarray.read_text())
+    meta["chunks"] = [2**40, 8]
+    zarray.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"query/kernel' has chunks of shape \(1099511627776, 8\)"):
+        load_t5x(str(tmp_path), CONFIG)
+
+
 def test_t5x_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no T5X 'checkpoint'"):
         load_t5x(str(tmp_path), CONFIG)
