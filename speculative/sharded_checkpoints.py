@@ -37,13 +37,11 @@ def open_t5x(
     are refused unless `allow_missing_chunks` (see checkpoints/t5x.py).
     """
     flat, version = t5x.open_params(path, expected)
-    for name, leaf in flat.items():
-        if t5x.is_tensorstore(leaf):
-            if not allow_missing_chunks:
-                t5x.check_chunks(leaf, path, name)
-        else:
-            flat[name] = np.asarray(leaf)
-    return flat, version
+    if not allow_missing_chunks:
+        t5x.check_all_chunks(flat, path)
+    return {
+        name: leaf if t5x.is_tensorstore(leaf) else np.asarray(leaf) for name, leaf in flat.items()
+    }, version
 
 
 def read_slice(source: Any, index: Index, version: int) -> np.ndarray:
