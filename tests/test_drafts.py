@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from speculative import decoding
-from speculative.drafts import base, ngram, prompt_lookup
+from speculative.drafts import base, layer_skip, ngram, prompt_lookup
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
@@ -187,3 +187,51 @@ def test_prompt_lookup_reads_on_repeats_periodically_and_falls_back():
     assert _lookup([2, 3, 7, 9, 3, 1, 2, 3], 2, max_ngram=1) == [1, 2]
     # Nothing matches: the last token repeated.
     assert _lookup([1, 2, 3, 4], 3) == [4, 4, 4]
+
+
+@pytest.mark.parametrize("gamma", [1, 6])
+def test_layer_skip_self_draft_is_exact_in_greedy_decoding(batch, gamma):
+    model, params = helpers.tiny_decoder(V, emb=32, layers=3, heads=4, kv_heads=2, seed=4)
+    free = decoding.autoregressive_decode(model, params, batch, max_decode_len=MAX_LEN, eos_id=V)
+    eos_id = int(free.tokens[1, 5])
+    ref = decoding.autoregressive_decode(
+        model, params, batch, max_decode_len=MAX_LEN, eos_id=eos_id
+    )
+    drafter = layer_skip.LayerSkipDrafter(target=model, num_layers=2)
+    out = decoding.speculative_decode(
+        model, params, drafter, params, batch, gamma=gamma, max_decode_len=MAX_LEN, eos_id=eos_id
+    )
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    assert 0 < float(np.mean(out.stats.alpha)) < 1
+
+
+def test_layer_skip_self_draft_follows_target_distribution():
+    cfg = SamplingConfig(temperature=1.0)
+    tgt, tgt_params = helpers.tiny_decoder(SV, emb=16, layers=2, heads=2, kv_heads=1, seed=11)
+    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
+    prompts = {
+        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (N, 1)),
+        "prompt_lengths": jnp.full((N,), len(PROMPT), jnp.int32),
+    }
+    drafter = layer_skip.LayerSkipDrafter(target=tgt, num_layers=1)
+    out = decoding.speculative_decode(
+        tgt, tgt_params, drafter, tgt_params, prompts, gamma=2, max_decode_len=SEQ_LEN,
+        sampling=cfg, eos_id=EOS, rng=jax.random.PRNGKey(9),
+    )  # fmt: skip
+    samples = helpers.rows_as_sequences(out.tokens, out.lengths)
+    assert helpers.chi_square_pvalue(samples, exact) > 1e-3
+    assert 0.2 < float(np.mean(out.stats.alpha)) < 0.99
+
+
+def test_layer_skip_validates_its_depth_and_target(target):
+    model, _ = target
+    with pytest.raises(ValueError, match="num_layers must be in 1..1"):
+        layer_skip.LayerSkipDrafter(target=model, num_layers=2)
+    drafter = layer_skip.LayerSkipDrafter(target=model, num_layers=1)
+    assert drafter.model.config.num_layers == 1 and hash(drafter) == hash(
+        layer_skip.LayerSkipDrafter(target=model, num_layers=1)
+    )
+    other, _ = helpers.tiny_decoder(V, emb=32, layers=2, heads=4, kv_heads=2, seed=1)
+    with pytest.raises(ValueError, match="target it was built from"):
+        drafter.check_target(other)
