@@ -61,6 +61,9 @@ _ITEMSIZE = {
     "BOOL": 1,
 }
 
+# The safetensors library's own limit on the JSON header (its HEADER_MAX, 100 MB).
+_MAX_HEADER_BYTES = 100_000_000
+
 # config.json fields read as sizes: positive integers (None where the field may be null).
 _SIZE_FIELDS = (
     "vocab_size",
@@ -102,6 +105,8 @@ def _header_problem(path: str) -> str | None:
             return (
                 f"truncated safetensors file: header needs {header_len} bytes, file has {size - 8}"
             )
+        if header_len > _MAX_HEADER_BYTES:
+            return f"header of {header_len} bytes is larger than safetensors allows"
         try:
             header = json.loads(f.read(header_len))
         except (ValueError, RecursionError) as e:
