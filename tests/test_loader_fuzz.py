@@ -176,29 +176,37 @@ def mutations(size: int, header_end: int, fields: list[tuple[int, int]]) -> st.S
 
 
 @pytest.fixture(scope="module")
-def gguf_original(tmp_path_factory):
-    """(bytes, header end, integer fields (offset, width), reference params) of a tiny llama file."""
+def gguf_originals(tmp_path_factory):
+    """[(bytes, header end, integer fields (offset, width), reference params)] of a tiny llama
+    file with F32 weights and one with Q8_0 weights (quantised blocks carry f16 scales)."""
     import gguf
 
     state = gguf_tests.random_hf_state(np.random.default_rng(0), GGUF_HP, GGUF_VOCAB, tied=True)
-    path = gguf_tests.write(tmp_path_factory.mktemp("gguf"), state, hp=GGUF_HP)
-    reader = gguf.GGUFReader(str(path))
-    fields = []
-    for field in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
-        offset = field.offset
-        for part in field.parts:
-            if part.dtype.kind in "iu" and part.dtype.itemsize in (4, 8) and part.size == 1:
-                fields.append((offset, part.dtype.itemsize))
-            offset += part.nbytes
-    data = path.read_bytes()
-    reference = _flat(load_gguf(path)[1])
-    return data, int(reader.data_offset), sorted(set(fields)), reference
+    directory = tmp_path_factory.mktemp("gguf")
+    originals = []
+    for qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0):
+        path = gguf_tests.write(
+            directory, state, qtype=qtype, name=f"{qtype.name}.gguf", hp=GGUF_HP
+        )
+        reader = gguf.GGUFReader(str(path))
+        fields = []
+        for field in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
+            offset = field.offset
+            for part in field.parts:
+                if part.dtype.kind in "iu" and part.dtype.itemsize in (4, 8) and part.size == 1:
+                    fields.append((offset, part.dtype.itemsize))
+                offset += part.nbytes
+        reference = _flat(load_gguf(path)[1])
+        originals.append(
+            (path.read_bytes(), int(reader.data_offset), sorted(set(fields)), reference)
+        )
+    return originals
 
 
 @given(data=st.data())
 @fuzz(100)
-def test_fuzz_gguf(gguf_original, data):
-    original, header_end, fields, reference = gguf_original
+def test_fuzz_gguf(gguf_originals, data):
+    original, header_end, fields, reference = data.draw(st.sampled_from(gguf_originals))
     mutation = data.draw(mutations(len(original), header_end, fields))
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "m.gguf"
