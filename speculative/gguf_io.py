@@ -58,21 +58,29 @@ def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
 
 
 def _check_layout(reader: gguf.GGUFReader, path: str) -> None:
-    """Raises ValueError if two tensors overlap or one is followed by more than alignment padding."""
-    alignment = int(reader.alignment)
+    """Raises ValueError unless every tensor starts on the alignment inside the data section and
+    the tensors follow one another, none overlapping, with less than the alignment between them."""
+    alignment, start = int(reader.alignment), int(reader.data_offset)
     spans = sorted((int(t.data_offset), int(t.n_bytes), t.name) for t in reader.tensors)
-    for (begin, nbytes, name), (next_begin, _, next_name) in zip(spans, spans[1:]):
-        gap = next_begin - (begin + nbytes)
-        if gap < 0:
+    for begin, _, name in spans:
+        if begin < start or (begin - start) % alignment:
             raise ValueError(
-                f"{path} is corrupt: tensor {name!r} (bytes {begin}..{begin + nbytes}) overlaps "
-                f"tensor {next_name!r}, which starts at byte {next_begin}"
+                f"{path} is corrupt: tensor {name!r} starts at byte {begin}, which is not a "
+                f"multiple of {alignment} bytes into the data section (byte {start})"
             )
-        if gap >= alignment:
+    end, previous = start, "the header"
+    for begin, nbytes, name in spans:
+        if begin < end:
             raise ValueError(
-                f"{path} is corrupt: {gap} unused bytes after tensor {name!r} (its type or shape "
-                f"disagrees with the next tensor's offset; padding is under {alignment} bytes)"
+                f"{path} is corrupt: tensor {name!r} (from byte {begin}) overlaps {previous}, "
+                f"which ends at byte {end}"
             )
+        if begin - end >= alignment:
+            raise ValueError(
+                f"{path} is corrupt: {begin - end} unused bytes before tensor {name!r} (a type, "
+                f"shape or offset disagrees with the layout; padding is under {alignment} bytes)"
+            )
+        end, previous = begin + nbytes, f"tensor {name!r}"
 
 
 def metadata_value(

@@ -412,5 +412,21 @@ def test_tensor_type_that_disagrees_with_the_layout(tmp_path):
     assert int.from_bytes(data[at : at + 4], "little") == int(Q.F32)
     data[at : at + 4] = int(Q.F16).to_bytes(4, "little")
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=f"^{path} is corrupt: 512 unused bytes after tensor "):
+    with pytest.raises(ValueError, match=f"^{path} is corrupt: 512 unused bytes before tensor "):
+        load_gguf(path)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # gguf-py's uint64 sum
+def test_tensor_offset_off_the_alignment(tmp_path):
+    """Found by the fuzzer: an offset of 2**64 - 1 wrapped round to one byte before the data
+    section, and the tensor loaded shifted by a byte."""
+    state = random_hf_state(np.random.default_rng(14), tied=True)
+    path = write(tmp_path, state)
+    data = bytearray(path.read_bytes())
+    name = b"token_embd.weight"
+    # tensor info: name, n_dims (u32), 2 dims (u64 each), type (u32), offset (u64)
+    at = data.index(name) + len(name) + 4 + 16 + 4
+    data[at : at + 8] = (2**64 - 1).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"^{path} is corrupt: tensor 'token_embd.weight' starts"):
         load_gguf(path)
