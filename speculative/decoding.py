@@ -33,12 +33,52 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import inputs
-from speculative.drafts.base import DraftContext, Drafter, StatelessDrafter
+from speculative.drafts.base import DraftContext, Drafter, StatelessDrafter, draft_confidence
 from speculative.models.base import DecodeState, LanguageModel, write_rows
 from speculative.sampling import SamplingConfig, sample, verify_detailed
 
 # ------------------------------------------------------------------------------------------------
 # 1. Configuration, loop state and outputs.
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaPolicy:
+    """How many of the gamma draft slots each row uses per round (DecodeConfig.gamma is the most).
+
+    kind:
+      "fixed": every row drafts gamma tokens every round (the paper's algorithm).
+      "confidence": a row stops drafting after a token whose draft confidence max_x q(x) is below
+        `threshold` (Hugging Face's assistant confidence stop; `drafts.base.draft_confidence`).
+      "schedule": each row's length starts at `initial` and moves by +2 after a round that accepted
+        every drafted token, by -1 otherwise, within 1..gamma (Hugging Face's heuristic schedule,
+        per row here).
+    Shapes stay static: the target always scores gamma + 1 positions and the unused slots are never
+    accepted. Exact: a row's length depends only on its draft and on earlier rounds.
+    """
+
+    kind: str = "fixed"
+    threshold: float = 0.4
+    initial: int = 4
+
+    def __post_init__(self):
+        if self.kind not in ("fixed", "confidence", "schedule"):
+            raise ValueError(
+                f"gamma policy must be 'fixed', 'confidence' or 'schedule', got {self.kind!r}"
+            )
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"confidence threshold must be in [0, 1), got {self.threshold!r}")
+        if not _is_int(self.initial) or self.initial < 1:
+            raise ValueError(
+                f"schedule initial gamma must be an integer >= 1, got {self.initial!r}"
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        return self.kind != "fixed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +92,7 @@ class DecodeConfig:
     lenience: l in (0, 1], the acceptance rule's factor (`sampling.verify_detailed`). 1 (the
       default) is exact; l < 1 is the paper's lossy lenient acceptance, and every output made with
       it says so (`DecodeOutput.exact` is False).
+    gamma_policy: `GammaPolicy`, how many of the gamma slots each row drafts (default: all).
     """
 
     max_decode_len: int
@@ -59,6 +100,7 @@ class DecodeConfig:
     sampling: SamplingConfig = SamplingConfig()
     gamma: int | None = None
     lenience: float = 1.0
+    gamma_policy: GammaPolicy = GammaPolicy()
 
     def __post_init__(self):
         ids = self.stop_ids
@@ -82,6 +124,8 @@ class DecodeConfig:
         if isinstance(self.lenience, bool) or not 0.0 < float(self.lenience) <= 1.0:
             raise ValueError(f"lenience must be in (0, 1], got {self.lenience!r}")
         object.__setattr__(self, "lenience", float(self.lenience))
+        if not isinstance(self.gamma_policy, GammaPolicy):
+            raise ValueError(f"gamma_policy must be a GammaPolicy, got {self.gamma_policy!r}")
 
     @property
     def exact(self) -> bool:
@@ -100,17 +144,14 @@ class DecodeConfig:
         )
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
 @flax.struct.dataclass
 class DecodeStats:
     """Per-row counters, accumulated inside the loop and returned as they are.
 
     B = batch, G = gamma (0 for plain decoding). Every field is [B] unless noted.
       target_calls: target forward calls after the prefill (one per round / per plain step).
-      draft_calls: draft forward steps (gamma per round; 0 for plain decoding).
+      draft_calls: draft forward steps (gamma per round, or the row's proposed length under an
+        adaptive GammaPolicy; 0 for plain decoding).
       drafted / accepted: draft tokens proposed / accepted.
       emitted: generated tokens (EOS included); equals DecodeOutput.lengths.
       beta_sum: float32 sum of beta = sum_x min(p(x), q(x)) over verified positions.
@@ -215,6 +256,7 @@ class LoopState:
     rng: PRNG key, split once per step / round.
     tokens: [B, T + G + 1] output buffer (slack for a whole block written past the limit).
     lengths: [B] generated tokens so far;  done: [B] bool, EOS emitted or T reached.
+    budget: [B] draft tokens each row wants next round (gamma, unless a GammaPolicy adapts it).
     stats: `DecodeStats`.
     """
 
@@ -227,6 +269,7 @@ class LoopState:
     tokens: jax.Array
     lengths: jax.Array
     done: jax.Array
+    budget: jax.Array
     stats: DecodeStats
 
 
@@ -270,8 +313,14 @@ def _initial_loop_state(
         tokens=jnp.zeros((size, config.max_decode_len + config.block), jnp.int32),
         lengths=jnp.zeros((size,), jnp.int32),
         done=jnp.zeros((size,), jnp.bool_),
+        budget=jnp.full((size,), _initial_budget(config), jnp.int32),
         stats=DecodeStats.zeros(size, config.gamma or 0),
     )
+
+
+def _initial_budget(config: DecodeConfig) -> int:
+    gamma, policy = config.gamma or 0, config.gamma_policy
+    return min(policy.initial, gamma) if policy.kind == "schedule" else gamma
 
 
 def _emit(
@@ -423,6 +472,10 @@ class ModelDrafter(StatelessDrafter):
         state = state.replace(index=pos + 1)
         rngs = jax.random.split(rng, gamma)
         token, _ = sample(rngs[0], logits, sampling)
+        if context.adaptive:
+            return self._propose_until_stopped(
+                params, state, token, logits, rngs, context, sampling
+            )
 
         def step(carry, step_rng):
             state, token = carry
@@ -435,13 +488,41 @@ class ModelDrafter(StatelessDrafter):
         all_logits = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
         return tokens, all_logits, state
 
+    def _propose_until_stopped(self, params, state, token, logits, rngs, context, sampling):
+        """The same proposals as the fixed path (same keys), in a while loop that ends as soon as
+        every active row has its budget or has hit an unsure token: an adaptive policy saves the
+        draft steps no row wants. Slots after the exit hold token 0 and zero logits (unused)."""
+        gamma = rngs.shape[0]
+        tokens = jnp.zeros((token.shape[0], gamma), jnp.int32).at[:, 0].set(token)
+        all_logits = jnp.zeros((*tokens.shape, logits.shape[-1]), logits.dtype).at[:, 0].set(logits)
+
+        def wants_more(i, step_logits):
+            confident = draft_confidence(step_logits, sampling) >= context.min_confidence
+            return (i + 1 < context.budget) & confident & ~context.done
+
+        def more(carry):
+            i, _, _, _, _, going = carry
+            return (i < gamma) & jnp.any(going)
+
+        def step(carry):
+            i, state, token, tokens, all_logits, going = carry
+            step_logits, state = self.model.extend(params, state, token[:, None])
+            token, _ = sample(rngs[i], step_logits[:, 0], sampling)
+            tokens = tokens.at[:, i].set(token)
+            all_logits = all_logits.at[:, i].set(step_logits[:, 0])
+            return i + 1, state, token, tokens, all_logits, going & wants_more(i, step_logits[:, 0])
+
+        carry = (1, state, token, tokens, all_logits, wants_more(0, logits))
+        _, state, _, tokens, all_logits, _ = jax.lax.while_loop(more, step, carry)
+        return tokens, all_logits, state
+
 
 def as_drafter(draft: LanguageModel | Drafter) -> Drafter:
     """A Drafter as it is, a LanguageModel as the paper's `ModelDrafter`."""
     return draft if isinstance(draft, Drafter) else ModelDrafter(draft)
 
 
-def _draft_context(s: LoopState, batch: dict[str, jax.Array]) -> DraftContext:
+def _draft_context(s: LoopState, batch: dict[str, jax.Array], config: DecodeConfig) -> DraftContext:
     if "prompt" in batch:
         prompt, prompt_lengths = batch["prompt"], batch["prompt_lengths"]
     else:
@@ -456,7 +537,31 @@ def _draft_context(s: LoopState, batch: dict[str, jax.Array]) -> DraftContext:
         prompt=prompt.astype(jnp.int32),
         prompt_lengths=prompt_lengths.astype(jnp.int32),
         done=s.done,
+        budget=s.budget,
+        min_confidence=_min_confidence(config),
+        adaptive=config.gamma_policy.adaptive,
     )
+
+
+def _min_confidence(config: DecodeConfig) -> float:
+    policy = config.gamma_policy
+    return policy.threshold if policy.kind == "confidence" else 0.0
+
+
+def _draft_lengths(
+    context: DraftContext, draft_logits: jax.Array, sampling: SamplingConfig
+) -> jax.Array:
+    """[B] tokens each row proposes: its budget, cut after the first draft token whose confidence
+    is below the threshold (the token itself stays: it was proposed)."""
+    if not context.adaptive:
+        return context.budget
+    lengths = context.budget
+    if context.min_confidence > 0:
+        unsure = draft_confidence(draft_logits, sampling) < context.min_confidence  # [B, G]
+        gamma = unsure.shape[1]
+        first_unsure = jnp.where(jnp.any(unsure, axis=1), jnp.argmax(unsure, axis=1) + 1, gamma)
+        lengths = jnp.minimum(lengths, first_unsure)
+    return lengths
 
 
 def _speculative_round(
@@ -477,14 +582,17 @@ def _speculative_round(
     """
     gamma, active = config.gamma, ~s.done
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    context = _draft_context(s, batch, config)
     draft_tokens, draft_logits, draft_state = drafter.propose(
-        draft_params, s.draft, _draft_context(s, batch), draft_rng, gamma, config.sampling
+        draft_params, s.draft, context, draft_rng, gamma, config.sampling
     )
+    proposed = _draft_lengths(context, draft_logits, config.sampling)  # [B] (gamma when fixed)
     block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
     target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
     n, next_token, beta = verify_detailed(
-        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience
-    )
+        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
+        proposed if config.gamma_policy.adaptive else None,
+    )  # fmt: skip
 
     # Emit x_1..x_n then next_token: put next_token at block position n.
     rows = jnp.arange(n.shape[0])
@@ -494,15 +602,15 @@ def _speculative_round(
 
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], s.last)
-    # Positions 1..min(n+1, G) were tested against the target; later ones were never looked at.
+    # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
     position = jnp.arange(gamma)[None, :]
-    verified = (position <= n[:, None]) & active[:, None]
+    verified = (position <= n[:, None]) & (position < proposed[:, None]) & active[:, None]
     accepted_at = (position < n[:, None]) & active[:, None]
     st = s.stats
     stats = st.replace(
         target_calls=st.target_calls + active,
-        draft_calls=st.draft_calls + gamma * active,
-        drafted=st.drafted + gamma * active,
+        draft_calls=st.draft_calls + proposed * active,
+        drafted=st.drafted + proposed * active,
         accepted=st.accepted + jnp.where(active, n, 0),
         emitted=st.emitted + emitted,
         beta_sum=st.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
@@ -517,8 +625,18 @@ def _speculative_round(
         last=jnp.where(active, next_token, s.last),
         prev=jnp.where(active, prev, s.prev),
         rng=rng,
+        budget=jnp.where(active, _next_budget(s.budget, n, proposed, config), s.budget),
         stats=stats,
     )
+
+
+def _next_budget(
+    budget: jax.Array, n: jax.Array, proposed: jax.Array, config: DecodeConfig
+) -> jax.Array:
+    """[B] next round's draft budget: +2 after a fully accepted block, -1 otherwise (schedule)."""
+    if config.gamma_policy.kind != "schedule":
+        return budget
+    return jnp.clip(jnp.where(n >= proposed, budget + 2, budget - 1), 1, config.gamma)
 
 
 @functools.partial(jax.jit, static_argnames=("target", "draft", "config", "partitioner"))
@@ -605,6 +723,7 @@ def speculative_decode(
     rng: jax.Array | None = None,
     partitioner: Any = None,
     lenience: float = 1.0,
+    gamma_policy: GammaPolicy = GammaPolicy(),
 ) -> DecodeOutput:
     """Exact speculative decoding: output distributed as `autoregressive_decode(target, ...)`.
 
@@ -618,12 +737,14 @@ def speculative_decode(
         each sharded by their own rules (see `autoregressive_decode`).
       lenience: 1 (exact, the default) or the paper's lossy lenient acceptance factor in (0, 1);
         the output's `exact` says which.
+      gamma_policy: how many of the gamma slots each row drafts per round (`GammaPolicy`; default
+        all of them).
     Returns:
       DecodeOutput; its `DecodeStats` hold per row target_calls, draft_calls (a call = one draft
       forward step), drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions),
       tokens_per_call (tau), accepted_at / verified_at [B, G].
     """
-    config = DecodeConfig(max_decode_len, eos_id, sampling, gamma, lenience)
+    config = DecodeConfig(max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy)
     drafter = as_drafter(draft)
     drafter.check_target(target)
     return _run(

@@ -331,7 +331,10 @@ def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.
 
 
 def _verify_greedy(
-    target_logits: jax.Array, draft_logits: jax.Array, draft_tokens: jax.Array
+    target_logits: jax.Array,
+    draft_logits: jax.Array,
+    draft_tokens: jax.Array,
+    draft_lengths: jax.Array | None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`verify_detailed` at temperature 0, from argmaxes alone (p and q are one-hot).
 
@@ -342,6 +345,8 @@ def _verify_greedy(
     # sum_x min(p, q) of two one-hots: 1 where they coincide, else 0.
     beta = (_greedy_tokens(draft_logits) == target_best[:, :gamma]).astype(jnp.float32)
     accepted = draft_tokens == target_best[:, :gamma]
+    if draft_lengths is not None:
+        accepted &= jnp.arange(gamma)[None, :] < draft_lengths[:, None]
     num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
     next_token = jnp.take_along_axis(target_best, num_accepted[:, None], axis=1)[:, 0]
     return num_accepted.astype(jnp.int32), next_token, beta
@@ -354,6 +359,7 @@ def verify_detailed(
     draft_tokens: jax.Array,
     cfg: SamplingConfig,
     lenience: float = 1.0,
+    draft_lengths: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`verify` plus the per-position acceptance probability beta_i = sum_x min(p_i(x), q_i(x)).
 
@@ -369,11 +375,15 @@ def verify_detailed(
         from norm(max(0, p - l q)). It is lossy: no token is emitted with probability above
         p(x) / l, but the output no longer follows p. beta is then sum_x min(q(x), p(x) / l), the
         acceptance probability. Temperature 0 ignores it (argmax agreement has no slack).
+      draft_lengths: optional [B] int32 in 1..G: row b proposed only its first draft_lengths[b]
+        tokens (an adaptive gamma); later positions are never accepted, and when all proposed
+        tokens are accepted the next token comes from p at the next position, as for a full block.
+        Exact as long as the length depends on the draft alone (or on earlier rounds).
     Returns:
       num_accepted [B] int32 in 0..G, next_token [B] int32, beta [B, G] float32.
     """
     if cfg.greedy:
-        return _verify_greedy(target_logits, draft_logits, draft_tokens)
+        return _verify_greedy(target_logits, draft_logits, draft_tokens, draft_lengths)
     gamma = draft_tokens.shape[1]
     batch = draft_tokens.shape[0]
     p = jnp.exp(process_logits(target_logits, cfg))  # [B, G+1, V]
@@ -390,6 +400,8 @@ def verify_detailed(
     q_x = jnp.take_along_axis(q, tokens, axis=-1)[..., 0]
     r = jax.random.uniform(accept_rng, (batch, gamma), dtype=jnp.float32)
     accepted = r * q_x < p_x  # r < p/q without dividing by q
+    if draft_lengths is not None:
+        accepted &= jnp.arange(gamma)[None, :] < draft_lengths[:, None]
     num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
 
     # Next token: from norm(max(0, p_{n+1} - q_{n+1})) at the first rejection, else from p_{G+1}
@@ -398,7 +410,9 @@ def verify_detailed(
     p_next = p[rows, num_accepted]  # [B, V]
     if gamma:
         q_next = q[rows, jnp.minimum(num_accepted, gamma - 1)]
-        q_next = jnp.where((num_accepted < gamma)[:, None], q_next, 0.0)
+        proposed = gamma if draft_lengths is None else draft_lengths
+        # Past the row's last proposal there is no q: the next token is drawn from p itself.
+        q_next = jnp.where((num_accepted < proposed)[:, None], q_next, 0.0)
     else:
         q_next = jnp.zeros_like(p_next)
     residual = jnp.maximum(p_next - q_next, 0.0)

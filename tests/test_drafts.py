@@ -146,6 +146,7 @@ def test_history_joins_prompt_and_generated_tokens():
         prompt=jnp.array([[1, 2, 0], [3, 5, 8]]),
         prompt_lengths=jnp.array([2, 3]),
         done=jnp.array([False, False]),
+        budget=jnp.array([4, 4]),
     )
     ids, length = ctx.history()
     np.testing.assert_array_equal(length, [4, 4])
@@ -171,6 +172,7 @@ def _lookup(prompt, gamma, **kw):
         prompt=jnp.array([prompt]),
         prompt_lengths=jnp.array([len(prompt)]),
         done=jnp.array([False]),
+        budget=jnp.array([gamma]),
     )
     drafter = prompt_lookup.PromptLookupDrafter(16, **kw)
     tokens, logits, _ = drafter.propose((), (), ctx, jax.random.PRNGKey(0), gamma, SamplingConfig())

@@ -21,7 +21,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from speculative.sampling import SamplingConfig
+from speculative.sampling import SamplingConfig, process_logits
 
 
 @flax.struct.dataclass
@@ -34,6 +34,11 @@ class DraftContext:
     prompt: [B, P] decoder-only prompts, or the encoder inputs of an encoder-decoder (0 = pad).
     prompt_lengths: [B] valid prompt tokens per row.
     done: [B] rows that have finished (their proposals are ignored).
+    budget: [B] tokens each row wants this round (1..gamma; gamma unless a gamma policy adapts it).
+    min_confidence: static; > 0 asks a row to stop after a proposal whose top draft probability is
+      below it (`draft_confidence`). The loop enforces both limits itself; a drafter may use them
+      to stop proposing early.
+    adaptive: static; False when every row wants all gamma tokens (the fixed policy).
     """
 
     pos: jax.Array
@@ -44,6 +49,9 @@ class DraftContext:
     prompt: jax.Array
     prompt_lengths: jax.Array
     done: jax.Array
+    budget: jax.Array
+    min_confidence: float = flax.struct.field(pytree_node=False, default=0.0)
+    adaptive: bool = flax.struct.field(pytree_node=False, default=False)
 
     def history(self) -> tuple[jax.Array, jax.Array]:
         """Each row's whole committed text, left-aligned: (ids [B, P + T], length [B]).
@@ -63,6 +71,17 @@ class DraftContext:
         ids = jnp.take_along_axis(ids, jnp.clip(gather, 0, ids.shape[1] - 1), axis=1)
         length = self.prompt_lengths + self.lengths
         return jnp.where(index < length[:, None], ids, 0), length
+
+
+def draft_confidence(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """[..., V] draft logits -> [...] max_x q(x), the draft's confidence in its best token.
+
+    q as sampled (temperature, top-k, top-p); at temperature 0, where q is one-hot, the softmax of
+    the raw logits, so that greedy drafting can still stop when the draft is unsure.
+    """
+    if sampling.greedy:
+        return jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.exp(jnp.max(process_logits(logits, sampling), axis=-1))
 
 
 def one_hot_logits(tokens: jax.Array, vocab_size: int) -> jax.Array:

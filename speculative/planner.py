@@ -1,0 +1,122 @@
+"""Choosing γ, or plain decoding, from what this machine measures (the paper's section 3.5 with
+the real verify cost).
+
+Theorem 3.8 assumes the target's verify call costs one step whatever its length. It does not:
+`docs/benchmarks.md` measures a (γ+1)-token call at 1.2-2.4 steps on a CPU, and at large batch
+the call turns compute-bound. The planner therefore scores every γ with the measured costs,
+
+    speedup(γ) = τ(α, γ) · t_step / (γ · t_draft + t_verify(γ + 1)),   τ(α, γ) = (1 - α^(γ+1)) / (1 - α)
+
+(`metrics.cost_model_speedup`), and picks the best γ, or plain decoding when no γ beats
+`min_speedup`. α comes from a warm-up batch decoded speculatively; the costs from `timing`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from speculative import decoding, metrics, timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """gamma: the chosen γ, or None for plain decoding. predicted_speedup: the cost model's figure
+    for that choice (1.0 for plain). candidates: γ -> predicted speedup for every γ scored."""
+
+    gamma: int | None
+    predicted_speedup: float
+    alpha: float
+    target_step_s: float
+    draft_step_s: float
+    candidates: Mapping[int, float]
+
+    def describe(self) -> str:
+        best = max(self.candidates.items(), key=lambda gs: gs[1])
+        measured = (
+            f"alpha {self.alpha:.3f}, target step {1e3 * self.target_step_s:.1f} ms, "
+            f"draft step {1e3 * self.draft_step_s:.1f} ms"
+        )
+        if self.gamma is None:
+            return (
+                f"planner: plain decoding ({measured}; best speculative choice gamma {best[0]} "
+                f"predicted {best[1]:.2f}x)"
+            )
+        return f"planner: gamma {self.gamma}, predicted {self.predicted_speedup:.2f}x ({measured})"
+
+
+def plan(
+    alpha: float,
+    target_step_s: float,
+    draft_step_s: float,
+    verify_s: Mapping[int, float],
+    min_speedup: float = 1.0,
+) -> Plan:
+    """The best γ under the cost model, or plain decoding.
+
+    Args:
+      alpha: measured acceptance rate in [0, 1].
+      target_step_s / draft_step_s: one-token step of each model at the batch size that will run.
+      verify_s: {tokens: seconds} of the target's call on that many tokens; every length n >= 2
+        present is scored as γ = n - 1.
+      min_speedup: speculation must predict more than this, else plain decoding is chosen.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    candidates = {}
+    for n in sorted(verify_s):
+        if n >= 2:
+            gamma = n - 1
+            tau = metrics.expected_tokens_per_call(alpha, gamma)
+            candidates[gamma] = metrics.cost_model_speedup(
+                tau, gamma, target_step_s, draft_step_s, verify_s[n]
+            )
+    if not candidates:
+        raise ValueError("verify_s needs at least one length >= 2 (gamma >= 1)")
+    gamma, best = max(candidates.items(), key=lambda gs: gs[1])
+    chosen = gamma if best > min_speedup else None
+    return Plan(
+        gamma=chosen,
+        predicted_speedup=best if chosen else 1.0,
+        alpha=alpha,
+        target_step_s=target_step_s,
+        draft_step_s=draft_step_s,
+        candidates=candidates,
+    )
+
+
+def measure_and_plan(
+    target: Any,
+    target_params: Any,
+    draft: Any,
+    draft_params: Any,
+    batch: dict[str, jax.Array],
+    config: decoding.DecodeConfig,
+    gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
+    warmup_gamma: int = 4,
+    rng: jax.Array | None = None,
+    min_speedup: float = 1.0,
+) -> Plan:
+    """Measures α on `batch` (a warm-up batch decoded at warmup_gamma) and the step and verify
+    costs at its batch size, then `plan`s. draft: a LanguageModel (a `Drafter` with no model
+    needs its own step time: use `plan` directly)."""
+    warmup = dataclasses.replace(config, gamma=warmup_gamma)
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    out = decoding.speculative_loop(target, target_params, draft, draft_params, batch, rng, warmup)
+    verified = float(np.sum(np.asarray(out.stats.verified)))
+    alpha = float(np.sum(np.asarray(out.stats.beta_sum))) / max(verified, 1.0)
+    cache_len = max(
+        dataclasses.replace(config, gamma=max(gammas)).cache_length(m, batch)
+        for m in (target, draft)
+    )
+    costs = timing.measure_c(
+        target, target_params, draft, draft_params, batch, cache_len,
+        verify_lengths=[g + 1 for g in gammas],
+    )  # fmt: skip
+    return plan(
+        alpha, costs["target_step_s"], costs["draft_step_s"], costs["target_extend_s"], min_speedup
+    )
