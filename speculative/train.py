@@ -1,0 +1,287 @@
+"""`python -m speculative.train`: a gin-configured optax trainer for our T5 models (T5X style).
+
+Teacher forcing with cross-entropy on the target tokens; inputs are TSV pairs (input<TAB>target)
+with T5's task prefix and EOS appended, batched by length (examples of similar target length share
+a batch, padded to a power of two so few shapes compile). Checkpoints are T5X checkpoints
+(`checkpoints.t5x_write.save_t5x`, read back by `checkpoints.load_t5x`) carrying the optax state,
+written every `checkpoint_every` steps and at the end; a killed run resumes from the latest one
+and continues exactly as an uninterrupted run would (the batch order is a function of seed and
+step). Writes OUTPUT_DIR/metrics.jsonl (loss, validation loss) and OUTPUT_DIR/loss.png.
+
+    python -m speculative.train --gin_file=configs/train/ende_tiny.gin --gin.OUTPUT_DIR="'/tmp/t'"
+
+Optimizer: Adafactor (T5X's default; optax.adafactor with its defaults and a constant learning
+rate after a linear warm-up) or AdamW.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from speculative import configurables, gin_flags, model_loading  # noqa: F401  (gin names)
+from speculative import vocab as vocab_lib
+from speculative.checkpoints import load_t5x, t5x_write
+from speculative.errors import JobError
+
+PAD = 0
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What `speculative.train` does; see configs/train/*.gin.
+
+    model: a T5 (e.g. @speculative.model_from_macro()); vocabulary: a speculative.VocabSpec.
+    train_file / validation_file: TSV files of input<TAB>target pairs.
+    prefix: prepended to every input (T5's task prefix).
+    feature_lengths: {"inputs": max input tokens, "targets": max target tokens} (longer are cut).
+    """
+
+    model: Any = gin.REQUIRED
+    vocabulary: Any = gin.REQUIRED
+    train_file: str = gin.REQUIRED
+    output_dir: str = gin.REQUIRED
+    validation_file: str | None = None
+    prefix: str = "translate English to German: "
+    feature_lengths: dict = dataclasses.field(default_factory=lambda: {"inputs": 64, "targets": 64})
+    batch_size: int = 32
+    steps: int = 1000
+    optimizer: str = "adafactor"
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    seed: int = 0
+    checkpoint_every: int = 500
+    eval_every: int = 100
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """Tokenised pairs, padded: inputs [N, S], targets [N, T] (EOS included, 0 = pad)."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+
+    @property
+    def target_lengths(self) -> np.ndarray:
+        return np.sum(self.targets != PAD, axis=1)
+
+
+def read_pairs(path: str) -> list[tuple[str, str]]:
+    """(input, target) rows of a TSV file; a malformed row is a JobError naming file and line."""
+    pairs = []
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            for line_no, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+                if len(row) < 2:
+                    raise JobError("want input<TAB>target", role="input", path=f"{path}:{line_no}")
+                pairs.append((row[0], row[1]))
+    except (OSError, UnicodeDecodeError) as e:
+        raise JobError(str(e), role="input", path=path) from e
+    if not pairs:
+        raise JobError("no pairs", role="input", path=path)
+    return pairs
+
+
+def encode(
+    pairs: Sequence[tuple[str, str]], vocabulary: Any, prefix: str, lengths: dict
+) -> Examples:
+    """Tokenises with the prefix and EOS appended (cut to the feature lengths, EOS kept last)."""
+    eos = vocab_lib.stop_ids(vocabulary)[0]
+
+    def ids(text: str, limit: int) -> list[int]:
+        return vocabulary.encode(text)[: limit - 1] + [eos]
+
+    inputs = [ids(prefix + src, lengths["inputs"]) for src, _ in pairs]
+    targets = [ids(tgt, lengths["targets"]) for _, tgt in pairs]
+    return Examples(_pad(inputs), _pad(targets))
+
+
+def _pad(rows: list[list[int]], multiple: int = 8) -> np.ndarray:
+    width = -(-max(len(r) for r in rows) // multiple) * multiple
+    out = np.full((len(rows), width), PAD, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def batch_indices(examples: Examples, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """The example indices of the batch at `step`: each epoch shuffles, groups by target length
+    (sorted within windows of 16 batches), and shuffles the batches. A pure function of
+    (seed, step), so a resumed run sees the same batches as an uninterrupted one."""
+    n = len(examples.inputs)
+    per_epoch = max(1, n // batch_size)
+    epoch, k = divmod(step, per_epoch)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(n)
+    window = 16 * batch_size
+    lengths = examples.target_lengths
+    for start in range(0, n, window):
+        chunk = order[start : start + window]
+        order[start : start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
+    batches = order[: per_epoch * batch_size].reshape(per_epoch, batch_size)
+    batches = batches[rng.permutation(per_epoch)] if n >= batch_size else batches
+    if n < batch_size:  # a tiny dataset: cycle it to fill the batch
+        return np.resize(order, batch_size)
+    return batches[k]
+
+
+def make_batch(examples: Examples, indices: np.ndarray) -> dict[str, jnp.ndarray]:
+    """Inputs, decoder inputs (targets shifted right after the start token 0) and targets, each
+    trimmed to the batch's longest row rounded up to a power of two (few shapes to compile)."""
+
+    def trim(a: np.ndarray) -> np.ndarray:
+        used = int(np.max(np.sum(a != PAD, axis=1)))
+        return a[:, : min(a.shape[1], max(8, 1 << (used - 1).bit_length()))]
+
+    inputs, targets = trim(examples.inputs[indices]), trim(examples.targets[indices])
+    decoder_inputs = np.pad(targets[:, :-1], ((0, 0), (1, 0)))
+    return {
+        "inputs": jnp.asarray(inputs),
+        "decoder_inputs": jnp.asarray(decoder_inputs),
+        "targets": jnp.asarray(targets),
+    }
+
+
+def loss_fn(params: Any, model: Any, batch: dict[str, jnp.ndarray]) -> jnp.ndarray:
+    """Mean token cross-entropy over non-pad target tokens (float32)."""
+    logits = model.forward(params, batch["inputs"], batch["decoder_inputs"])
+    mask = (batch["targets"] != PAD).astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def make_optimizer(
+    name: str, learning_rate: float, warmup_steps: int
+) -> optax.GradientTransformation:
+    schedule = optax.linear_schedule(0.0, learning_rate, max(1, warmup_steps))
+    if name == "adafactor":
+        return optax.adafactor(learning_rate=schedule)
+    if name == "adamw":
+        return optax.adamw(learning_rate=schedule, weight_decay=1e-4)
+    raise JobError(f"optimizer must be 'adafactor' or 'adamw', got {name!r}")
+
+
+def make_train_step(model: Any, optimizer: optax.GradientTransformation):
+    @jax.jit
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, model, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def validation_loss(params: Any, model: Any, examples: Examples, batch_size: int) -> float:
+    """Token-weighted mean cross-entropy over every validation example."""
+    evaluate = jax.jit(lambda p, b: (loss_fn(p, model, b), jnp.sum(b["targets"] != PAD)))
+    total, tokens = 0.0, 0
+    for start in range(0, len(examples.inputs), batch_size):
+        indices = np.arange(start, min(start + batch_size, len(examples.inputs)))
+        loss, count = evaluate(params, make_batch(examples, indices))
+        total += float(loss) * int(count)
+        tokens += int(count)
+    return total / max(tokens, 1)
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Runs (or resumes) training; returns the final metrics."""
+    out = pathlib.Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocabulary = model_loading.load_vocabulary(cfg.vocabulary)
+    model = cfg.model
+    train_set = encode(read_pairs(cfg.train_file), vocabulary, cfg.prefix, cfg.feature_lengths)
+    valid_set = None
+    if cfg.validation_file:
+        pairs = read_pairs(cfg.validation_file)
+        valid_set = encode(pairs, vocabulary, cfg.prefix, cfg.feature_lengths)
+    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.warmup_steps)
+    params = model.init_params(jax.random.PRNGKey(cfg.seed))
+    opt_state = optimizer.init(params)
+    start = 0
+    steps_done = t5x_write.checkpoint_steps(out)
+    if steps_done:
+        latest = out / f"checkpoint_{steps_done[-1]}"
+        params = load_t5x(str(latest), model.config)
+        start, opt_state = t5x_write.load_train_state(latest, opt_state)
+        print(f"resuming from {latest} (step {start})")
+    train_step = make_train_step(model, optimizer)
+    log = open(out / "metrics.jsonl", "a", encoding="utf-8")
+    bar = _progress(cfg, start)
+    loss = float("nan")
+    for step in range(start, cfg.steps):
+        batch = make_batch(train_set, batch_indices(train_set, cfg.batch_size, cfg.seed, step))
+        params, opt_state, loss_value = train_step(params, opt_state, batch)
+        done = step + 1
+        record = {"step": done}
+        if done % 10 == 0 or done == cfg.steps:
+            loss = float(loss_value)  # the only host sync: every 10 steps
+            record["loss"] = loss
+        if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            record["validation_loss"] = validation_loss(params, model, valid_set, cfg.batch_size)
+        if len(record) > 1:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            t5x_write.save_t5x(out, params, done, opt_state)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+    if bar is not None:
+        bar.close()
+    log.close()
+    history = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
+    plot_losses(history, out / "loss.png")
+    final = {"steps": cfg.steps, "loss": loss}
+    valid = [h["validation_loss"] for h in history if "validation_loss" in h]
+    if valid:
+        final["validation_loss"] = valid[-1]
+    final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
+    (out / "summary.json").write_text(json.dumps(final, indent=1))
+    return final
+
+
+def _progress(cfg: TrainConfig, start: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=start, desc="train", file=sys.stderr)
+
+
+def plot_losses(history: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("loss", "validation_loss"):
+        points = [(h["step"], h[key]) for h in history if key in h]
+        if points:
+            ax.plot(*zip(*points), label=key.replace("_", " "))
+    ax.set(xlabel="step", ylabel="cross-entropy per target token", yscale="log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str]) -> dict[str, Any] | None:
+    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], TrainConfig, train)
+
+
+if __name__ == "__main__":
+    sys.exit(gin_flags.run_job(main))
