@@ -89,6 +89,20 @@ def add_tsv_task(name: str, path: str, prefix: str, vocab: str, split: str) -> s
     )
 
 
+def add_ende_task(data_dir: str, vocab: str, name: str = "speculative_ende_mini") -> str:
+    """The EnDe reproduction's Task over `speculative.ende_data`'s splits (train / validation /
+    test .tsv in data_dir), T5's prefix "translate English to German: ", EOS appended. vocab: the
+    SentencePiece model `ende_data` trained (or "byte")."""
+    files = {split: f"{data_dir}/{split}.tsv" for split in ("train", "validation", "test")}
+    return _add(
+        name,
+        source=seqio.TextLineDataSource(files, cycle_length=1),
+        preprocessors=[_tsv_pairs]
+        + _text_to_text("inputs", "targets", "translate English to German: "),
+        output_features=_features(vocabulary(vocab)),
+    )
+
+
 def add_paper_tasks(vocab: str = T5_VOCABULARY) -> tuple[str, str]:
     """Registers the two Table 2 tasks (TFDS sources are opened lazily, at get_dataset)."""
     features = _features(vocabulary(vocab))

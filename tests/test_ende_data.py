@@ -1,0 +1,76 @@
+"""The EnDe data pipeline: dictionary lines -> sentence pairs -> hashed splits -> SentencePiece."""
+
+import pathlib
+
+import pytest
+
+from speculative import ende_data
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LINES = [
+    "# Version :: devel",
+    "Das ist ein ganz normaler Satz hier. :: This is a perfectly normal sentence.",
+    "Haus {n} | Häuser {pl} | Wir haben das Haus gestern gekauft. :: house | houses | We bought the house yesterday.",
+    "Zu kurz. :: Too short.",
+    "Er hat etw. gesagt, was keiner verstand. :: He said sth. that nobody understood.",
+    "ein Satz ohne Großbuchstaben am Anfang. :: A sentence in lower case.",
+    "Diese Zeile endet nicht mit einem Punkt :: This line does not end with a full stop",
+    "Sie kam (wie immer) viel zu spät nach Hause. :: She came home (as always) far too late.",
+]
+
+
+def test_only_full_sentence_pairs_survive_and_alternatives_pair_up():
+    assert ende_data.sentence_pairs(LINES) == [
+        ("This is a perfectly normal sentence.", "Das ist ein ganz normaler Satz hier."),
+        ("We bought the house yesterday.", "Wir haben das Haus gestern gekauft."),
+    ]
+
+
+def test_splits_are_a_function_of_the_sentence(tmp_path):
+    pairs = [
+        tuple(line.split("\t"))
+        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+    ]
+    counts = ende_data.write_splits(pairs + pairs[:5], tmp_path)  # duplicates are dropped
+    assert sum(counts.values()) == len(pairs) and counts["train"] > 30
+    reversed_dir = tmp_path / "reversed"
+    ende_data.write_splits(pairs[::-1], reversed_dir)
+    for split in ende_data.SPLITS:
+        a = set((tmp_path / f"{split}.tsv").read_text().splitlines())
+        b = set((reversed_dir / f"{split}.tsv").read_text().splitlines())
+        assert a == b
+    assert {ende_data.split_of(p[0]) for p in pairs} <= set(ende_data.SPLITS)
+
+
+def test_sentencepiece_is_t5_style(tmp_path):
+    sentencepiece = pytest.importorskip("sentencepiece")
+    model = ende_data.train_sentencepiece(
+        ROOT / "tests/data/trans_de_en.tsv", tmp_path / "spm", 200
+    )
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+    ids = sp.encode("Wir haben das Haus gekauft.")
+    assert sp.decode(ids) == "Wir haben das Haus gekauft." and min(ids) > 2
+
+
+def test_seqio_task_over_the_splits(tmp_path):
+    pytest.importorskip("seqio", reason="seqio extra not installed (pip install .[seqio])")
+    import seqio
+
+    from speculative.job_config import seqio_tasks_module
+
+    pairs = [
+        tuple(line.split("\t"))
+        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+    ]
+    counts = ende_data.write_splits(pairs, tmp_path)
+    model = ende_data.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)
+    name = seqio_tasks_module().add_ende_task(str(tmp_path), str(model), name="test_ende_mini")
+    task = seqio.get_mixture_or_task(name)
+    vocabulary = task.output_features["inputs"].vocabulary
+    for split in ende_data.SPLITS:
+        examples = list(task.get_dataset(None, split=split, shuffle=False).as_numpy_iterator())
+        assert len(examples) == counts[split]
+    first = examples[0]
+    assert vocabulary.decode(first["inputs"].tolist()).startswith("translate English to German: ")
+    assert first["inputs"][-1] == 1 and first["targets"][-1] == 1  # EOS appended
