@@ -157,6 +157,7 @@ class DecodeStats:
       beta_sum: float32 sum of beta = sum_x min(p(x), q(x)) over verified positions.
       accepted_at / verified_at: [B, G] how often draft position i was accepted / tested.
       nan_logits: bool, the target produced a NaN logit for this row while it was active.
+      nan_draft_logits: bool, the draft did (its q would be NaN: the round's output garbage).
     Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
     `stats["alpha"]`, as earlier releases returned a dict.
     """
@@ -170,6 +171,7 @@ class DecodeStats:
     accepted_at: jax.Array
     verified_at: jax.Array
     nan_logits: jax.Array
+    nan_draft_logits: jax.Array
 
     @classmethod
     def zeros(cls, batch_size: int, gamma: int) -> DecodeStats:
@@ -184,6 +186,7 @@ class DecodeStats:
             accepted_at=jnp.zeros((batch_size, gamma), jnp.int32),
             verified_at=jnp.zeros((batch_size, gamma), jnp.int32),
             nan_logits=jnp.zeros((batch_size,), jnp.bool_),
+            nan_draft_logits=jnp.zeros((batch_size,), jnp.bool_),
         )
 
     @property
@@ -617,6 +620,7 @@ def _speculative_round(
         accepted_at=st.accepted_at + accepted_at,
         verified_at=st.verified_at + verified,
         nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
+        nan_draft_logits=st.nan_draft_logits | (active & _has_nan(draft_logits)),
     )
     return emitted_state.replace(
         target=target_state.replace(index=pos),
@@ -823,14 +827,24 @@ def validate_batch(model: LanguageModel, batch: dict[str, jax.Array], config: De
         )
 
 
-def check_finite(out: DecodeOutput, which: str) -> DecodeOutput:
-    """Raises FloatingPointError on NaN logits: one host check after the loop (never inside it)."""
-    bad = _to_host(out.stats.nan_logits)
-    if bad.any():
-        raise FloatingPointError(
-            f"the {which} produced NaN logits for batch rows {np.flatnonzero(bad).tolist()}; "
-            "check the checkpoint (corrupt weights) or use float32 instead of a low-precision dtype"
+class NaNLogitsError(FloatingPointError):
+    """A model produced NaN logits. role: "target", "draft" or "model"; rows: the batch rows."""
+
+    def __init__(self, role: str, rows: list[int]):
+        self.role, self.rows = role, rows
+        super().__init__(
+            f"the {role} produced NaN logits for batch rows {rows}; check the checkpoint "
+            "(corrupt weights) or use float32 instead of a low-precision dtype"
         )
+
+
+def check_finite(out: DecodeOutput, which: str) -> DecodeOutput:
+    """Raises NaNLogitsError (a FloatingPointError) on NaN logits of the target (named `which`) or
+    of the draft: one host check after the loop (never inside it)."""
+    for role, flags in ((which, out.stats.nan_logits), ("draft", out.stats.nan_draft_logits)):
+        bad = _to_host(flags)
+        if bad.any():
+            raise NaNLogitsError(role, np.flatnonzero(bad).tolist())
     return out
 
 

@@ -302,3 +302,16 @@ def test_lenient_acceptance_is_labelled_lossy_and_accepts_more(small_pair):
     assert plain.exact
     with pytest.raises(ValueError, match="lenience"):
         decoding.DecodeConfig(4, 0, gamma=2, lenience=0.0)
+
+
+def test_nan_draft_logits_are_reported_not_decoded(target, draft, batch):
+    """A draft with a NaN weight would make q NaN and every round's output garbage: refused."""
+    draft_model, draft_params = draft
+    poisoned = jax.tree.map(lambda x: x, draft_params)
+    poisoned["decoder_norm"]["scale"] = poisoned["decoder_norm"]["scale"].at[0].set(jnp.nan)
+    with pytest.raises(decoding.NaNLogitsError, match="the draft produced NaN logits") as e:
+        decoding.speculative_decode(
+            *target, draft_model, poisoned, batch, gamma=2, max_decode_len=4, eos_id=V
+        )
+    assert e.value.role == "draft" and e.value.rows == list(range(9))
+    assert isinstance(e.value, FloatingPointError)
