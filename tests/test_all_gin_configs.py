@@ -96,8 +96,22 @@ def test_configs_found():
     assert any(n.startswith("configs/demo/") for n in names)
 
 
+def _check_train_config(path: pathlib.Path) -> None:
+    """configs/train/*: a speculative.TrainConfig with a T5 model and a vocabulary."""
+    from speculative import train  # registers speculative.TrainConfig
+
+    _parse_binding_required_to_none([_rel(path)])
+    cfg = train.TrainConfig()
+    assert isinstance(cfg.model, t5.T5) and isinstance(cfg.vocabulary, model_loading.VocabSpec)
+    hash(cfg.model)
+    assert cfg.steps >= 1 and cfg.batch_size >= 1
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=_rel)
 def test_gin_file_parses_and_binds(path):
+    if _rel(path).startswith("configs/train/"):
+        _check_train_config(path)
+        return
     if _rel(path).startswith("configs/models/"):
         model = _isolated_model(_rel(path))
         assert model.vocab_size > 0
