@@ -6,7 +6,9 @@ path from the reader's memory map, so callers that only hold the reader still na
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from typing import Any
 
 import gguf
@@ -24,6 +26,74 @@ _READER_ERRORS = (
 )
 
 
+# Sizes of GGUF's scalar value types (gguf.GGUFValueType); 8 is a string, 9 an array.
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+class _Walker:
+    """Bounds-checked walk over a GGUF header, run before gguf.GGUFReader: the reader loops over
+    whatever counts the file declares, so a corrupt count could keep it busy for hours."""
+
+    def __init__(self, data: bytes | mmap.mmap, path: str):
+        self.data, self.path, self.at = data, path, 0
+
+    def fail(self, what: str) -> ValueError:
+        return ValueError(
+            f"{self.path} is not a readable GGUF file (truncated or corrupt?): {what}"
+        )
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.data):
+            raise self.fail(f"{n} bytes needed at byte {self.at}, the file has {len(self.data)}")
+        self.at += n
+        return self.data[self.at - n : self.at]
+
+    def count(self, fmt: str, min_item: int) -> int:
+        n = struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
+        if n * min_item > len(self.data) - self.at:
+            raise self.fail(f"a count of {n} at byte {self.at} does not fit in the file")
+        return n
+
+    def value(self, kind: int) -> None:
+        if kind in _SCALAR_SIZES:
+            self.take(_SCALAR_SIZES[kind])
+        elif kind == _STRING:
+            self.take(self.count("Q", 1))
+        elif kind == _ARRAY:
+            item = struct.unpack("<I", self.take(4))[0]
+            if item in _SCALAR_SIZES:
+                self.take(self.count("Q", _SCALAR_SIZES[item]) * _SCALAR_SIZES[item])
+            elif item in (_STRING, _ARRAY):
+                for _ in range(self.count("Q", 8)):
+                    self.value(item)
+            else:
+                raise self.fail(f"unknown array item type {item} at byte {self.at}")
+        else:
+            raise self.fail(f"unknown value type {kind} at byte {self.at}")
+
+    def walk(self) -> None:
+        if self.take(4) != b"GGUF":
+            raise self.fail("GGUF magic invalid")
+        if struct.unpack("<I", self.take(4))[0] & 0xFFFF == 0:
+            return  # big-endian file: left to the reader
+        n_tensors, n_kv = self.count("Q", 24), self.count("Q", 12)
+        for _ in range(n_kv):
+            self.take(self.count("Q", 1))
+            self.value(struct.unpack("<I", self.take(4))[0])
+        for _ in range(n_tensors):
+            self.take(self.count("Q", 1))
+            self.take(self.count("I", 8) * 8 + 12)
+
+
+def _walk_header(path: str) -> None:
+    """Runs the bounds-checked header walk over the memory-mapped file."""
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is not a readable GGUF file: it is empty")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        _Walker(data, path).walk()
+
+
 def reader_path(reader: gguf.GGUFReader) -> str:
     """The file a GGUFReader has open, for error messages."""
     return str(getattr(reader.data, "filename", None) or "GGUF file")
@@ -39,6 +109,7 @@ def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"GGUF file not found: {path}")
+    _walk_header(path)
     try:
         reader = gguf.GGUFReader(path)
     except _READER_ERRORS as e:
