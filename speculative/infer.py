@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from speculative import decoding, gin_flags, inputs, memory, metrics, runner, timing, vocab
 from speculative import model_loading as ml
+from speculative.drafts.base import Drafter
 from speculative.errors import JobError
 from speculative.inputs import Example
 from speculative.job_config import InferConfig, check_num_examples
@@ -69,6 +70,7 @@ def validate(cfg: InferConfig) -> None:
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
     if not isinstance(cfg.gamma, int) or cfg.gamma < 1:
         raise JobError(f"gamma must be an integer >= 1, got {cfg.gamma!r}")
+    check_lenience(cfg.lenience)
     if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
     lengths = dict(cfg.feature_lengths)
@@ -79,6 +81,19 @@ def validate(cfg: InferConfig) -> None:
     if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
         raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
     check_num_examples(cfg.num_examples)
+
+
+def check_lenience(lenience: Any) -> None:
+    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy."""
+    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)):
+        raise JobError(f"lenience must be a number in (0, 1], got {lenience!r}")
+    if not 0 < lenience <= 1:
+        raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
+    if lenience < 1:
+        print(
+            f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
+            "samples of the target (rows and summaries say exact: false)"
+        )
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
@@ -106,6 +121,7 @@ def decode_config(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> decoding.De
         stop_ids=vocab.stop_ids(vocabulary),
         sampling=cfg.sampling,
         gamma=cfg.gamma if cfg.speculative else None,
+        lenience=float(cfg.lenience) if cfg.speculative else 1.0,
     )
 
 
@@ -131,10 +147,14 @@ class Models:
 def load_models(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> Models:
     """The target (and draft), checked against the vocabulary, padding ids masked out."""
     loaded = {"target": (ml.load_model(cfg.target, "target"), ml.where(cfg.target))}
-    if cfg.speculative:
+    draft_spec = isinstance(cfg.draft, ml.DraftSpec)
+    if cfg.speculative and not draft_spec:
         loaded["draft"] = (ml.load_model(cfg.draft, "draft"), ml.where(cfg.draft))
+    if cfg.speculative:
         ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
+    if cfg.speculative and draft_spec:  # built for the fitted target's width
+        fitted["draft"] = ml.build_draft(cfg.draft, fitted["target"])
     return Models(fitted["target"], fitted.get("draft"), padding)
 
 
@@ -167,7 +187,9 @@ def check_context(models: Models, ids: Sequence[Sequence[int]], max_decode_len: 
     """Raises JobError when a decoder-only prompt plus the generated tokens outgrow a model."""
     if models.encoder_decoder:
         return
-    limits = [m.model.max_length for m in (models.target, models.draft) if m is not None]
+    limits = [
+        getattr(m.model, "max_length", None) for m in (models.target, models.draft) if m is not None
+    ]
     limits = [x for x in limits if x is not None]
     need = max(len(x) for x in ids) + max_decode_len
     if limits and need > min(limits):
@@ -218,6 +240,8 @@ def output_rows(
             length=len(ids),
             target_calls=int(stats.target_calls[i]),
             tau=float(tau[i]),
+            exact=bool(out.exact),
+            lenience=float(out.lenience),
         )
         if speculative:
             row.update(
@@ -267,6 +291,8 @@ def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]
         "draft": ml.describe(cfg.draft) if cfg.speculative else None,
         "speculative": cfg.speculative,
         "gamma": cfg.gamma if cfg.speculative else None,
+        # only when lossy, so exact runs resume in output dirs written before lenience existed
+        **({"lenience": cfg.lenience} if cfg.speculative and cfg.lenience != 1 else {}),
         "sampling": dataclasses.asdict(cfg.sampling),
         "batch_size": cfg.batch_size,
         "feature_lengths": dict(cfg.feature_lengths),
@@ -399,9 +425,15 @@ def measure_cost(
     probe = inputs.make_batch([ids] * cfg.batch_size, models.encoder_decoder, width)
     target, draft = models.target, models.draft
     cache_len = config.cache_length(target.model, probe)
-    return timing.measure_c(
-        target.model, target.params, draft.model, draft.params, probe, cache_len
-    )
+    if isinstance(decoding.as_drafter(draft.model), decoding.ModelDrafter) and not isinstance(
+        draft.model, decoding.ModelDrafter
+    ):  # a draft model: today's single-step timing, so existing numbers do not change
+        return timing.measure_c(
+            target.model, target.params, draft.model, draft.params, probe, cache_len
+        )
+    t_target = timing.decode_step_time(target.model, target.params, probe, cache_len)
+    t_draft = timing.draft_propose_time(draft.model, draft.params, probe, cache_len, config)
+    return {"target_step_s": t_target, "draft_step_s": t_draft, "c": t_draft / t_target}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -457,6 +489,8 @@ def run_locked(
 
 def memory_report(cfg: InferConfig, models: Models, ids: Sequence[Sequence[int]]) -> str:
     draft = models.draft.model if models.draft is not None else None
+    if isinstance(draft, Drafter):  # not a separate model: no weights or cache of its own
+        draft = None
     return memory.job_report(
         models.target.model,
         draft,
@@ -466,6 +500,12 @@ def memory_report(cfg: InferConfig, models: Models, ids: Sequence[Sequence[int]]
         gamma=cfg.gamma if cfg.speculative else 0,
         param_dtype=jax.tree.leaves(models.target.params)[0].dtype,
     )
+
+
+def lenience_fields(cfg: InferConfig) -> dict[str, Any]:
+    """{"exact": bool, "lenience": l}: l < 1 (speculative only) is lossy."""
+    lenience = float(cfg.lenience) if cfg.speculative else 1.0
+    return {"exact": lenience == 1.0, "lenience": lenience}
 
 
 def job_summary(
@@ -480,6 +520,7 @@ def job_summary(
         "draft": ml.describe(cfg.draft) if cfg.speculative else None,
         "speculative": cfg.speculative,
         "gamma": cfg.gamma if cfg.speculative else None,
+        **lenience_fields(cfg),
         "batch_size": cfg.batch_size,
         "sampling": dataclasses.asdict(cfg.sampling),
         "feature_lengths": dict(cfg.feature_lengths),
@@ -502,6 +543,8 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     print(f"\n{s['target']}\n  {mode}, batch {s['batch_size']}, {s['sampling']}")
     if s["speculative"]:
         print(f"  draft: {s['draft']}")
+    if not s["exact"]:
+        print(f"  LOSSY: lenient acceptance, lenience {s['lenience']} (exact: false)")
     print(
         f"  {s['examples']} examples, {s['tokens']} tokens, {s['target_calls']} target calls, "
         f"tau {s['tau']:.2f}"

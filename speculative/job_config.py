@@ -45,6 +45,7 @@ class InferConfig:
     output_dir: str = gin.REQUIRED
     speculative: bool = True
     gamma: int = 4
+    lenience: float = 1.0
     sampling: SamplingConfig = SamplingConfig()
     batch_size: int = 1
     feature_lengths: Mapping[str, int] = dataclasses.field(
@@ -126,6 +127,7 @@ class BenchmarkConfig:
         default_factory=lambda: {"inputs": 512, "targets": 64}
     )
     gammas: Sequence[int] = (1, 2, 3, 4, 5, 6)
+    lenience: float = 1.0
     temperatures: Sequence[float] = (0.0, 1.0)
     top_k: int = 0
     top_p: float = 1.0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import zipfile
 from typing import Any
 
 import gin
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, vocab
+from speculative.drafts import layer_skip, ngram, prompt_lookup
 from speculative.errors import JobError, strip_path
 from speculative.models import decoder, t5
 from speculative.models.base import DecodeState, LanguageModel, Params
@@ -60,11 +62,33 @@ class VocabSpec:
     extra_ids: int = 100
 
 
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class DraftSpec:
+    """A draft that is not a separate model (configs/drafts/*.gin), accepted wherever a draft
+    ModelSpec is. kind:
+      'prompt_lookup'  copies the continuation of the latest n-gram match (max_ngram..min_ngram)
+      'unigram' / 'bigram'  n-gram tables (`tables`: an .npz written by `speculative.fit_ngram`)
+      'layer_skip'     the target's first `num_layers` layers (a DecoderLM target, its params)
+    Built after `fit_vocabulary`, from the fitted target (`build_draft`).
+    """
+
+    kind: str = gin.REQUIRED
+    max_ngram: int = 3
+    min_ngram: int = 1
+    tables: str | None = None
+    num_layers: int = 1
+
+
+DRAFT_KINDS = ("prompt_lookup", "unigram", "bigram", "layer_skip")
+
+
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-    """A model with its weights. description says where the weights came from (for outputs)."""
+    """A model with its weights. description says where the weights came from (for outputs).
+    For a draft, `model` may be a `Drafter` (a DraftSpec's) and `params` its params."""
 
-    model: LanguageModel
+    model: Any
     params: Any
     description: str
 
@@ -110,8 +134,11 @@ def _gguf_path(role: str, path: Any) -> str:
     return _check_path(role, "format 'gguf'", path)
 
 
-def validate_model_spec(spec: ModelSpec, role: str) -> None:
+def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
     """Raises JobError for a spec that cannot be loaded (checked before any weight is read)."""
+    if isinstance(spec, DraftSpec):
+        validate_draft_spec(spec, role)
+        return
     if not isinstance(spec, ModelSpec):
         raise JobError(f"{role}: expected a speculative.ModelSpec, got {type(spec).__name__}")
     if spec.format not in FORMATS:
@@ -138,6 +165,25 @@ def validate_model_spec(spec: ModelSpec, role: str) -> None:
         _check_path(role, "format 'gguf'", spec.path)
 
 
+def validate_draft_spec(spec: DraftSpec, role: str = "draft") -> None:
+    """Raises JobError for a DraftSpec that cannot be built (before anything is loaded)."""
+    if spec.kind not in DRAFT_KINDS:
+        raise JobError(f"{role}: unknown DraftSpec.kind {spec.kind!r}; known: {DRAFT_KINDS}")
+    if spec.kind == "prompt_lookup" and not (
+        isinstance(spec.min_ngram, int)
+        and isinstance(spec.max_ngram, int)
+        and 1 <= spec.min_ngram <= spec.max_ngram
+    ):
+        raise JobError(
+            f"{role}: prompt lookup needs 1 <= min_ngram <= max_ngram, got "
+            f"{spec.min_ngram!r}..{spec.max_ngram!r}"
+        )
+    if spec.kind in ("unigram", "bigram"):
+        _check_path(role, f"a {spec.kind} draft's tables", spec.tables)
+    if spec.kind == "layer_skip" and (not isinstance(spec.num_layers, int) or spec.num_layers < 1):
+        raise JobError(f"{role}: layer_skip num_layers must be an integer >= 1")
+
+
 def is_encoder_decoder(spec: ModelSpec) -> bool:
     """Whether a spec's model is an encoder-decoder, known without reading its weights."""
     if spec.format in ("gguf", "hf_t5"):
@@ -145,12 +191,59 @@ def is_encoder_decoder(spec: ModelSpec) -> bool:
     return bool(spec.model.is_encoder_decoder)
 
 
-def describe(spec: ModelSpec) -> str:
-    """One line naming the weights; random weights are labelled loudly."""
+def describe(spec: ModelSpec | DraftSpec) -> str:
+    """One line naming the weights (or the draft kind and options); random weights are labelled
+    loudly."""
+    if isinstance(spec, DraftSpec):
+        return describe_draft(spec)
     if spec.format == "random":
         return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}"
     extra = f" as {spec.model!r}" if spec.model is not None else ""
     return f"{spec.format}:{spec.path} ({spec.dtype}){extra}"
+
+
+def describe_draft(spec: DraftSpec) -> str:
+    """A DraftSpec's kind and the options it uses."""
+    if spec.kind == "prompt_lookup":
+        return f"prompt_lookup (ngram {spec.max_ngram}..{spec.min_ngram})"
+    if spec.kind == "layer_skip":
+        return f"layer_skip (the target's first {spec.num_layers} layer(s))"
+    return f"{spec.kind} (tables {spec.tables})"
+
+
+def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
+    """The drafter a DraftSpec names, built for the fitted (vocabulary-checked) target."""
+    validate_draft_spec(spec, role)
+    vocab_size = target.model.vocab_size
+    if spec.kind == "prompt_lookup":
+        drafter = prompt_lookup.PromptLookupDrafter(vocab_size, spec.max_ngram, spec.min_ngram)
+        return Loaded(drafter, (), describe_draft(spec))
+    if spec.kind == "layer_skip":
+        if type(target.model) is not decoder.DecoderLM:  # noqa: E721 (a wrapper is refused too)
+            raise JobError(
+                f"layer_skip needs a plain DecoderLM target, got {type(target.model).__name__}",
+                role=role,
+            )
+        try:
+            drafter = layer_skip.LayerSkipDrafter(target.model, num_layers=spec.num_layers)
+        except ValueError as e:
+            raise JobError(str(e), role=role) from e
+        return Loaded(drafter, target.params, describe_draft(spec))
+    try:
+        tables = ngram.load(spec.tables)
+    except JobError:
+        raise
+    except _LOADER_ERRORS + _MALFORMED_ERRORS + (zipfile.BadZipFile, EOFError) as e:
+        raise loader_error(e, role, spec.tables) from e
+    if tables.unigram.shape[0] != vocab_size:
+        raise JobError(
+            f"n-gram tables have {tables.unigram.shape[0]} ids but the target has {vocab_size}",
+            role=role,
+            path=spec.tables,
+        )
+    order = 1 if spec.kind == "unigram" else 2
+    print(f"{role}: {describe_draft(spec)}")
+    return Loaded(ngram.NgramDrafter(vocab_size, order), tables, describe_draft(spec))
 
 
 def _cast(params: Any, dtype: Any) -> Any:

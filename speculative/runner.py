@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import jax
 
 from speculative import decoding, inputs, timing
+from speculative.drafts.base import Drafter
 from speculative.models.base import LanguageModel
 
 Batch = dict[str, jax.Array]
@@ -39,7 +40,7 @@ class Decoder:
     target: LanguageModel
     target_params: Any
     config: decoding.DecodeConfig
-    draft: LanguageModel | None = None
+    draft: LanguageModel | Drafter | None = None
     draft_params: Any = None
 
     @property
@@ -50,8 +51,9 @@ class Decoder:
         """Raises ValueError when `batch` cannot be decoded (as `speculative_decode` would)."""
         decoding.validate_batch(self.target, batch, self.config)
         if self.speculative:
-            decoding.check_pair(self.target, self.draft)
-            decoding.validate_batch(self.draft, batch, self.config)
+            drafter = decoding.as_drafter(self.draft)
+            drafter.check_target(self.target)
+            drafter.validate(batch, self.config)
 
     def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
         self.validate(batch)

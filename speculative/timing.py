@@ -92,6 +92,42 @@ def decode_step_time(
     return step_time(step, params, (state, tokens), steps=8, repeats=repeats)
 
 
+def draft_propose_time(
+    drafter: Any, params: Any, batch: dict, cache_len: int, config: Any, repeats: int = 3
+) -> float:
+    """Median seconds per proposed token of `drafter.propose` for config.gamma tokens on `batch`
+    (a decoder-only prompt [B, P] or encoder inputs), in a jitted loop: the draft step time of a
+    draft that is not a separate model (c of an n-gram or prompt-lookup draft is about 0)."""
+    from speculative.drafts.base import DraftContext  # timing stays importable without drafts
+
+    gamma = config.gamma
+    prompt = inputs.input_tokens(batch)
+    rows = prompt.shape[0]
+    lengths = batch.get("prompt_lengths", jnp.sum(prompt != 0, axis=1)).astype(jnp.int32)
+    last = prompt[jnp.arange(rows), jnp.maximum(lengths - 1, 0)].astype(jnp.int32)
+    context = DraftContext(
+        pos=jnp.maximum(lengths - 1, 0),
+        last=last,
+        prev=last,
+        tokens=jnp.zeros((rows, config.max_decode_len + gamma + 1), jnp.int32),
+        lengths=jnp.zeros(rows, jnp.int32),
+        prompt=prompt.astype(jnp.int32),
+        prompt_lengths=lengths,
+        done=jnp.zeros(rows, bool),
+        budget=jnp.full(rows, gamma, jnp.int32),
+    )
+    state = jax.jit(drafter.init, static_argnums=2)(params, batch, config)
+
+    def step(params, carry):
+        state, rng = carry
+        rng, key = jax.random.split(rng)
+        _, _, state = drafter.propose(params, state, context, key, gamma, config.sampling)
+        return state, rng
+
+    seconds = step_time(step, params, (state, jax.random.PRNGKey(0)), steps=8, repeats=repeats)
+    return seconds / gamma
+
+
 def read_bandwidth(rows: int = 16384, cols: int = 8192, repeats: int = 10) -> float:
     """Bytes per second XLA:CPU streams a weight in a one-row product (a GEMV over an output-major
     [rows, cols] float32 matrix, 512 MiB by default).

@@ -69,7 +69,7 @@ def _parse_binding_required_to_none(files: list[str]) -> None:
 
 def _job_config():
     text = gin.config_str()
-    if "BenchmarkConfig." in text:
+    if "BenchmarkConfig.target" in text:  # configs/drafts/* bind the draft of both jobs
         return job_config.BenchmarkConfig()
     return job_config.InferConfig()
 
@@ -126,6 +126,10 @@ def test_gin_file_parses_and_binds(path):
     cfg = _job_config()
     for role in ("target", "draft"):
         spec = getattr(cfg, role)
+        if isinstance(spec, model_loading.DraftSpec):  # configs/drafts/*: not a model
+            assert role == "draft" and spec.kind in model_loading.DRAFT_KINDS
+            model_loading.describe(spec)
+            continue
         if spec is None or spec.format is None:  # configs/runs/*: format is a REQUIRED macro
             continue
         assert isinstance(spec, model_loading.ModelSpec) and spec.format in model_loading.FORMATS
@@ -134,7 +138,7 @@ def test_gin_file_parses_and_binds(path):
             hash(spec.model)  # a static jit argument
         else:
             assert spec.model is None, role  # architecture comes from the checkpoint
-    if not _rel(path).startswith("configs/runs/"):
+    if not _rel(path).startswith(("configs/runs/", "configs/drafts/")):  # drafts: no vocabulary
         assert isinstance(cfg.vocabulary, model_loading.VocabSpec)
 
 

@@ -1,0 +1,81 @@
+"""Fits the unigram / bigram draft tables (configs/drafts/{unigram,bigram}.gin) on a corpus.
+
+  python -m speculative.fit_ngram --vocab_kind=gguf --vocab_path=qwen2.5-coder-1.5b \
+      --input_file=corpus.jsonl --input_field=inputs --out=tables.npz [--vocab_size=N]
+
+Each example's input text (and its targets, when the file has them) is tokenised with the jobs'
+vocabulary loading (`speculative.VocabSpec`) and counted by `drafts.ngram.fit`; `ngram.save`
+writes the .npz that `NGRAM_TABLES` names. vocab_size must be the target's output width as the
+job sees it (default: the vocabulary's size; a model table padded past the tokenizer keeps its
+padded width, e.g. 264 for configs/demo/tiny_random_models.gin). Fitting on the target's own
+samples: pass the predictions.jsonl of an infer run with --input_field=output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from speculative import inputs, vocab
+from speculative import model_loading as ml
+from speculative.drafts import ngram
+from speculative.errors import JobError
+
+
+def token_sequences(
+    vocabulary: vocab.Vocabulary, input_file: str, input_field: str, limit: int | None = None
+) -> list[list[int]]:
+    """Token ids of every example's input (and target) text, one sequence per text."""
+    examples = inputs.read_examples(input_file, input_field=input_field, limit=limit)
+    texts = [t for ex in examples for t in (ex.inputs, ex.targets) if t]
+    return [list(vocabulary.encode(t)) for t in texts]
+
+
+def fit_file(
+    vocab_spec: ml.VocabSpec,
+    input_file: str,
+    out: str,
+    input_field: str = "inputs",
+    vocab_size: int | None = None,
+    limit: int | None = None,
+) -> ngram.NgramTables:
+    """Tokenises `input_file` with `vocab_spec`, fits the tables and writes them to `out`."""
+    vocabulary = ml.load_vocabulary(vocab_spec, "vocabulary")
+    width = vocab_size if vocab_size is not None else vocab.used_size(vocabulary)
+    sequences = token_sequences(vocabulary, input_file, input_field, limit)
+    if not sequences:
+        raise JobError(f"no text to count in {input_file}")
+    if max(max(s, default=0) for s in sequences) >= width:
+        raise JobError(f"vocab_size {width} is smaller than the tokenizer's ids")
+    tables = ngram.fit(sequences, width)
+    ngram.save(tables, out)
+    tokens = sum(len(s) for s in sequences)
+    print(f"fitted {len(sequences)} texts, {tokens} tokens, vocab size {width}: wrote {out}")
+    return tables
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab_kind", required=True, choices=ml.VOCAB_KINDS)
+    parser.add_argument("--vocab_path", default=None)
+    parser.add_argument("--extra_ids", type=int, default=0)
+    parser.add_argument("--input_file", required=True)
+    parser.add_argument("--input_field", default="inputs")
+    parser.add_argument("--num_examples", type=int, default=None)
+    parser.add_argument("--vocab_size", type=int, default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)
+    try:
+        fit_file(
+            spec, args.input_file, args.out, args.input_field, args.vocab_size, args.num_examples
+        )
+    except JobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
