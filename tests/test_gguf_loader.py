@@ -434,12 +434,12 @@ def test_tensor_offset_off_the_alignment(tmp_path):
 
 def test_corrupt_count_is_refused_before_the_reader_loops(tmp_path):
     """Found by the fuzzer: one flipped bit in a string length misaligned the header, and gguf-py
-    then looped over a count of 7.9e18 (hours). The header walk refuses it at once."""
+    then looped over a count of 7.9e18 (hours). The header walk refuses such a file at once."""
     state = random_hf_state(np.random.default_rng(15), tied=True)
     path = write(tmp_path, state)
     data = bytearray(path.read_bytes())
     at = data.index(b"llama", data.index(b"general.architecture") + 20) - 8  # its length, 5
     data[at] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=f"^{path} is not a readable GGUF file .* a count of"):
+    with pytest.raises(ValueError, match=f"^{path} is not a readable GGUF file"):
         load_gguf(path)
