@@ -1,0 +1,150 @@
+"""Drafts that are not separate models (configs/drafts/*.gin) and lenience, in the gin jobs.
+
+Tiny random-weight target (configs/demo/tiny_random_models.gin); each draft kind must give the
+greedy tokens of plain decoding, and lenient runs must say they are lossy.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from speculative import benchmark, fit_ngram, infer
+from speculative.drafts import ngram
+from speculative.errors import JobError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+FAST = [
+    "--gin.speculative.InferConfig.measure_c=False",
+    "--gin.speculative.InferConfig.progress=False",
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
+    "--gin.BATCH_SIZE=2",
+    "--gin.GAMMA=3",
+]
+PROMPTS = ["abcabcabc", "Hi", "x = 1; x = 1; x", "Hello, Hello,"]
+UNPADDED = "--gin.target/decoder.DecoderConfig.vocab_size=259"  # the byte vocabulary's size
+
+
+@pytest.fixture(autouse=True)
+def _cwd_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _inputs(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in PROMPTS))
+    return path
+
+
+def _infer(tmp_path, name: str, *extra: str) -> tuple[list[dict], dict]:
+    out = tmp_path / name
+    flags = TINY + FAST + [f"--gin.INPUT_FILE='{_inputs(tmp_path)}'", f"--gin.OUTPUT_DIR='{out}'"]
+    infer.main(flags + list(extra))
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def _tables(tmp_path, vocab_size: int = 264) -> pathlib.Path:
+    out = tmp_path / "tables.npz"
+    assert (
+        fit_ngram.main(
+            [
+                "--vocab_kind=byte",
+                f"--input_file={_inputs(tmp_path)}",
+                f"--vocab_size={vocab_size}",
+                f"--out={out}",
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+def _draft(kind: str, *extra: str) -> list[str]:
+    return [f"--gin_file=configs/drafts/{kind}.gin", *extra]
+
+
+def test_fit_ngram_cli_writes_tables_of_the_corpus(tmp_path):
+    tables = ngram.load(_tables(tmp_path))
+    assert tables.unigram.shape == (264,)
+    # "a" (byte 97 -> id 100) is always followed by "b" in the corpus
+    assert int(np.asarray(tables.successors)[100, 0]) == 101
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("prompt_lookup", ()),
+        ("unigram", ("TABLES",)),
+        ("bigram", ("TABLES",)),
+        ("layer_skip", (UNPADDED,)),
+    ],
+)
+def test_each_draft_kind_gives_plain_greedy_tokens(tmp_path, kind, extra):
+    extra = [f"--gin.NGRAM_TABLES='{_tables(tmp_path)}'" if x == "TABLES" else x for x in extra]
+    plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False", *extra)
+    rows, summary = _infer(tmp_path, kind, *_draft(kind, *extra))
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
+    assert all(r["exact"] is True and r["lenience"] == 1.0 for r in rows)
+    assert summary["exact"] is True and kind.split("_")[0] in summary["draft"]
+
+
+def test_lenience_below_one_labels_rows_and_summary_lossy(tmp_path, capsys):
+    flags = _draft("prompt_lookup", "--gin.LENIENCE=0.5", "--gin.TEMPERATURE=1.0")
+    rows, summary = _infer(tmp_path, "lenient", *flags)
+    assert all(r["exact"] is False and r["lenience"] == 0.5 for r in rows)
+    assert summary["exact"] is False and summary["lenience"] == 0.5
+    assert "LOSSY" in capsys.readouterr().out
+
+
+def test_c_of_a_non_model_draft_is_measured(tmp_path):
+    flags = _draft("prompt_lookup", "--gin.speculative.InferConfig.measure_c=True")
+    _, summary = _infer(tmp_path, "c", *flags)
+    assert summary["draft_step_s"] > 0 and summary["c"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (_draft("layer_skip"), "^draft: layer_skip needs a plain DecoderLM target, got Padding"),
+        (_draft("layer_skip", UNPADDED, "--gin.LAYER_SKIP_LAYERS=2"), "num_layers must be in 1"),
+        (_draft("bigram", "--gin.NGRAM_TABLES='SMALL'"), "tables have 259 ids but the target"),
+        (_draft("bigram", "--gin.NGRAM_TABLES='BAD'"), "^draft .*bad.npz: "),
+        (_draft("bigram", "--gin.NGRAM_TABLES='/no/such.npz'"), "path does not exist"),
+        (_draft("prompt_lookup", "--gin.PROMPT_LOOKUP_MIN_NGRAM=0"), "min_ngram <= max_ngram"),
+        (["--gin.LENIENCE=1.5"], r"lenience must be in \(0, 1\]"),
+    ],
+)
+def test_bad_draft_specs_are_one_line_errors(tmp_path, extra, message):
+    small, bad = _tables(tmp_path, vocab_size=259), tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    extra = [x.replace("'SMALL'", f"'{small}'").replace("'BAD'", f"'{bad}'") for x in extra]
+    with pytest.raises(JobError, match=message) as e:
+        _infer(tmp_path, "bad", *extra)
+    assert "\n" not in str(e.value)
+
+
+def test_benchmark_with_prompt_lookup_writes_its_json(tmp_path):
+    out = tmp_path / "bench"
+    benchmark.main(
+        [
+            "--gin_file=configs/runs/benchmark.gin",
+            "--gin_file=configs/demo/tiny_random_models.gin",
+            "--gin_file=configs/drafts/prompt_lookup.gin",
+            f"--gin.INPUT_FILE='{_inputs(tmp_path)}'",
+            f"--gin.OUTPUT_DIR='{out}'",
+            "--gin.NUM_EXAMPLES=2",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+            "--gin.GAMMAS=[2]",
+            "--gin.TEMPERATURES=[0.0]",
+            "--gin.BATCH_SIZES=[1]",
+            "--gin.REPEATS=1",
+        ]
+    )
+    result = json.loads((out / "benchmark.json").read_text())
+    assert "prompt_lookup" in json.dumps(result)
+    assert '"exact": true' in json.dumps(result)
