@@ -47,6 +47,12 @@ class TrainConfig:
     train_file / validation_file: TSV files of input<TAB>target pairs.
     prefix: prepended to every input (T5's task prefix).
     feature_lengths: {"inputs": max input tokens, "targets": max target tokens} (longer are cut).
+    teacher / teacher_checkpoint: token-level distillation (DistillSpec-style) of a draft towards
+      its target: a T5 and its T5X checkpoint. The loss becomes
+      (1 - distill_weight) * cross-entropy(references) + distill_weight * KL(teacher || student)
+      per target token, teacher-forced on the references. For sequence-level distillation,
+      train on the teacher's own translations instead (decode the training inputs with
+      `speculative.infer` and write them as a TSV).
     """
 
     model: Any = gin.REQUIRED
@@ -65,6 +71,9 @@ class TrainConfig:
     checkpoint_every: int = 500
     eval_every: int = 100
     progress: bool = True
+    teacher: Any = None
+    teacher_checkpoint: str | None = None
+    distill_weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,12 +164,31 @@ def make_batch(examples: Examples, indices: np.ndarray) -> dict[str, jnp.ndarray
     }
 
 
-def loss_fn(params: Any, model: Any, batch: dict[str, jnp.ndarray]) -> jnp.ndarray:
-    """Mean token cross-entropy over non-pad target tokens (float32)."""
+def loss_fn(
+    params: Any,
+    model: Any,
+    batch: dict[str, jnp.ndarray],
+    teacher_logits: jnp.ndarray | None = None,
+    distill_weight: float = 0.0,
+) -> jnp.ndarray:
+    """Mean per-token loss over non-pad target tokens (float32): cross-entropy on the references,
+    mixed with KL(teacher || student) when teacher_logits [B, T, V] are given."""
     logits = model.forward(params, batch["inputs"], batch["decoder_inputs"])
     mask = (batch["targets"] != PAD).astype(jnp.float32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    if teacher_logits is not None:
+        kl = token_kl(teacher_logits, logits)
+        losses = (1.0 - distill_weight) * losses + distill_weight * kl
     return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def token_kl(teacher_logits: jnp.ndarray, student_logits: jnp.ndarray) -> jnp.ndarray:
+    """[B, T, V] x2 -> [B, T] KL(p_teacher || q_student) in nats (vocabulary widths may differ
+    only by padding: the common prefix is used)."""
+    width = min(teacher_logits.shape[-1], student_logits.shape[-1])
+    log_p = jax.nn.log_softmax(teacher_logits[..., :width].astype(jnp.float32))
+    log_q = jax.nn.log_softmax(student_logits[..., :width].astype(jnp.float32))
+    return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
 
 
 def make_optimizer(
@@ -174,10 +202,24 @@ def make_optimizer(
     raise JobError(f"optimizer must be 'adafactor' or 'adamw', got {name!r}")
 
 
-def make_train_step(model: Any, optimizer: optax.GradientTransformation):
+def make_train_step(
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    teacher: Any = None,
+    distill_weight: float = 0.0,
+):
+    """A jitted (params, opt_state, batch, teacher_params) -> (params, opt_state, loss)."""
+
     @jax.jit
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, model, batch)
+    def step(params, opt_state, batch, teacher_params=None):
+        teacher_logits = None
+        if teacher is not None:
+            teacher_logits = jax.lax.stop_gradient(
+                teacher.forward(teacher_params, batch["inputs"], batch["decoder_inputs"])
+            )
+        loss, grads = jax.value_and_grad(loss_fn)(
+            params, model, batch, teacher_logits, distill_weight
+        )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -217,13 +259,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         params = load_t5x(str(latest), model.config)
         start, opt_state = t5x_write.load_train_state(latest, opt_state)
         print(f"resuming from {latest} (step {start})")
-    train_step = make_train_step(model, optimizer)
+    teacher_params = None
+    if cfg.teacher is not None:
+        if not cfg.teacher_checkpoint:
+            raise JobError("a teacher needs teacher_checkpoint (a T5X checkpoint directory)")
+        teacher_params = load_t5x(cfg.teacher_checkpoint, cfg.teacher.config)
+    train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight)
     log = open(out / "metrics.jsonl", "a", encoding="utf-8")
     bar = _progress(cfg, start)
     loss = float("nan")
     for step in range(start, cfg.steps):
         batch = make_batch(train_set, batch_indices(train_set, cfg.batch_size, cfg.seed, step))
-        params, opt_state, loss_value = train_step(params, opt_state, batch)
+        params, opt_state, loss_value = train_step(params, opt_state, batch, teacher_params)
         done = step + 1
         record = {"step": done}
         if done % 10 == 0 or done == cfg.steps:
