@@ -52,8 +52,9 @@ from speculative import (
     vocab,
 )
 from speculative import model_loading as ml
+from speculative.drafts.base import Drafter
 from speculative.errors import JobError
-from speculative.job_config import BenchmarkConfig, check_num_examples
+from speculative.job_config import BenchmarkConfig, check_lenience, check_num_examples
 from speculative.job_io import lock_output_dir
 from speculative.sampling import SamplingConfig
 
@@ -69,6 +70,7 @@ def validate(cfg: BenchmarkConfig) -> None:
     ml.validate_model_spec(cfg.target, "target")
     ml.validate_model_spec(cfg.draft, "draft")
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+    check_lenience(cfg.lenience)
     for name in ("gammas", "batch_sizes"):
         values = list(getattr(cfg, name))
         if not values or any(not isinstance(v, int) or v < 1 for v in values):
@@ -104,18 +106,26 @@ class Setup:
     def encoder_decoder(self) -> bool:
         return self.target.model.is_encoder_decoder
 
+    @property
+    def draft_model(self) -> Any:
+        """The draft as a model, or None for a `Drafter` that is not a separate model (no
+        prefill, weights or cache of its own to account for)."""
+        return None if isinstance(self.draft.model, Drafter) else self.draft.model
+
 
 def load(cfg: BenchmarkConfig) -> Setup:
     examples = inputs.read_examples(
         cfg.input_file, input_field=cfg.input_field, limit=cfg.num_examples
     )
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
-    loaded = {
-        role: (ml.load_model(spec, role), ml.where(spec))
-        for role, spec in (("target", cfg.target), ("draft", cfg.draft))
-    }
+    specs = [("target", cfg.target)]
+    if not isinstance(cfg.draft, ml.DraftSpec):
+        specs.append(("draft", cfg.draft))
+    loaded = {role: (ml.load_model(spec, role), ml.where(spec)) for role, spec in specs}
     ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
+    if isinstance(cfg.draft, ml.DraftSpec):  # built for the fitted target's width
+        fitted["draft"] = ml.build_draft(cfg.draft, fitted["target"])
     target, draft = fitted["target"], fitted["draft"]
     cap = cfg.feature_lengths["inputs"]
     encoded = inputs.encode(examples, vocabulary, target.model.is_encoder_decoder, cap)
@@ -153,7 +163,7 @@ def memory_shortfall(setup: Setup, cfg: BenchmarkConfig, batch_size: int) -> str
     available = available_bytes()
     plan = memory.plan(
         setup.target.model,
-        setup.draft.model,
+        setup.draft_model or setup.target.model,
         memory.Device("this host", available, 1),
         batch_size=batch_size,
         input_len=setup.width,
@@ -163,7 +173,8 @@ def memory_shortfall(setup: Setup, cfg: BenchmarkConfig, batch_size: int) -> str
         mesh_shape={"data": 1, "model": 1},
         usable_fraction=0.8,
     )
-    need = plan.target_cache + plan.draft_cache + plan.workspace
+    draft_cache = plan.draft_cache if setup.draft_model is not None else 0
+    need = plan.target_cache + draft_cache + plan.workspace
     if need <= plan.usable:
         return None
     return f"estimated {need / 2**30:.1f} GiB > 80% of available {available / 2**30:.1f} GiB"
@@ -335,11 +346,12 @@ def cell_programs(
     plain = decoding.DecodeConfig(cfg.feature_lengths["targets"], setup.stop_ids, sampling)
     programs: dict[Hashable, runner.Program] = {
         "target prefill": runner.Prefill(target.model, target.params, plain),
-        "draft prefill": runner.Prefill(draft.model, draft.params, plain),
         "plain": runner.Decoder(target.model, target.params, plain),
     }
+    if setup.draft_model is not None:
+        programs["draft prefill"] = runner.Prefill(draft.model, draft.params, plain)
     for gamma in cfg.gammas:
-        config = dataclasses.replace(plain, gamma=gamma)
+        config = dataclasses.replace(plain, gamma=gamma, lenience=float(cfg.lenience))
         programs[gamma] = runner.Decoder(
             target.model, target.params, config, draft.model, draft.params
         )
@@ -369,7 +381,8 @@ def cell_points(
     timed: Mapping[Hashable, Timed], gammas: Sequence[int], costs: Mapping[str, Any], greedy: bool
 ) -> list[Point]:
     """One point per gamma against the cell's plain baseline."""
-    prefill_s = (timed["target prefill"].seconds, timed["draft prefill"].seconds)
+    draft_prefill = timed.get("draft prefill")  # none for a draft that is not a model
+    prefill_s = (timed["target prefill"].seconds, draft_prefill.seconds if draft_prefill else 0.0)
     points = []
     for gamma in gammas:
         p = make_point(gamma, timed["plain"], timed[gamma], prefill_s, costs, greedy)
@@ -411,6 +424,8 @@ def measure_cell(
     return {
         "batch_size": len(inputs.input_tokens(batches[0])),
         "temperature": float(temperature),
+        "exact": float(cfg.lenience) == 1.0,
+        "lenience": float(cfg.lenience),
         "top_k": cfg.top_k,
         "top_p": cfg.top_p,
         "input_widths": [int(inputs.input_tokens(b).shape[1]) for b in batches],
@@ -463,7 +478,7 @@ def print_memory(setup: Setup, cfg: BenchmarkConfig) -> None:
     for batch_size in cfg.batch_sizes:
         report = memory.job_report(
             setup.target.model,
-            setup.draft.model,
+            setup.draft_model,
             batch_size=batch_size,
             input_len=setup.width,
             max_decode_len=cfg.feature_lengths["targets"],
@@ -491,6 +506,9 @@ def measure_batch_size(
         batches[0],
         cache_len,
         [g + 1 for g in cfg.gammas],
+        draft_config=decoding.DecodeConfig(
+            cfg.feature_lengths["targets"], setup.stop_ids, gamma=max(cfg.gammas)
+        ),
     )
     for temperature in cfg.temperatures:
         sampling = SamplingConfig(float(temperature), cfg.top_k, cfg.top_p)

@@ -46,7 +46,7 @@ from speculative import model_loading as ml
 from speculative.drafts.base import Drafter
 from speculative.errors import JobError
 from speculative.inputs import Example
-from speculative.job_config import InferConfig, check_num_examples
+from speculative.job_config import InferConfig, check_lenience, check_num_examples
 from speculative.job_io import ResultStore, examples_digest, lock_output_dir
 
 # ------------------------------------------------------------------------------------------------
@@ -81,19 +81,6 @@ def validate(cfg: InferConfig) -> None:
     if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
         raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
     check_num_examples(cfg.num_examples)
-
-
-def check_lenience(lenience: Any) -> None:
-    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy."""
-    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)):
-        raise JobError(f"lenience must be a number in (0, 1], got {lenience!r}")
-    if not 0 < lenience <= 1:
-        raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
-    if lenience < 1:
-        print(
-            f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
-            "samples of the target (rows and summaries say exact: false)"
-        )
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
@@ -425,15 +412,15 @@ def measure_cost(
     probe = inputs.make_batch([ids] * cfg.batch_size, models.encoder_decoder, width)
     target, draft = models.target, models.draft
     cache_len = config.cache_length(target.model, probe)
-    if isinstance(decoding.as_drafter(draft.model), decoding.ModelDrafter) and not isinstance(
-        draft.model, decoding.ModelDrafter
-    ):  # a draft model: today's single-step timing, so existing numbers do not change
-        return timing.measure_c(
-            target.model, target.params, draft.model, draft.params, probe, cache_len
-        )
-    t_target = timing.decode_step_time(target.model, target.params, probe, cache_len)
-    t_draft = timing.draft_propose_time(draft.model, draft.params, probe, cache_len, config)
-    return {"target_step_s": t_target, "draft_step_s": t_draft, "c": t_draft / t_target}
+    return timing.measure_c(
+        target.model,
+        target.params,
+        draft.model,
+        draft.params,
+        probe,
+        cache_len,
+        draft_config=config,
+    )
 
 
 # ------------------------------------------------------------------------------------------------

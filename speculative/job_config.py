@@ -134,3 +134,16 @@ class BenchmarkConfig:
     batch_sizes: Sequence[int] = (1, 4, 16, 64)
     repeats: int = 3
     seed: int = 0
+
+
+def check_lenience(lenience: Any) -> None:
+    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy."""
+    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)):
+        raise JobError(f"lenience must be a number in (0, 1], got {lenience!r}")
+    if not 0 < lenience <= 1:
+        raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
+    if lenience < 1:
+        print(
+            f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
+            "samples of the target (rows and summaries say exact: false)"
+        )

@@ -175,14 +175,22 @@ def measure_c(
     batch: dict,
     cache_len: int,
     verify_lengths: Sequence[int] = (),
+    draft_config: Any = None,
 ) -> dict[str, Any]:
     """Seconds of one single-token step of each model on `batch`, and c = draft / target.
 
+    A draft that is a `Drafter` rather than a model (n-gram, prompt lookup, layer skip) is timed
+    per proposed token of its `propose` for draft_config.gamma tokens (`draft_propose_time`).
     With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
     one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
     """
+    from speculative.drafts.base import Drafter
+
     t_target = decode_step_time(target, target_params, batch, cache_len)
-    t_draft = decode_step_time(draft, draft_params, batch, cache_len)
+    if isinstance(draft, Drafter):
+        t_draft = draft_propose_time(draft, draft_params, batch, cache_len, draft_config)
+    else:  # a draft model: its single-step time, as before drafts were plug-ins
+        t_draft = decode_step_time(draft, draft_params, batch, cache_len)
     result: dict[str, Any] = {
         "target_step_s": t_target,
         "draft_step_s": t_draft,
