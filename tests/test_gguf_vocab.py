@@ -174,13 +174,16 @@ def test_check_compatible(tmp_path):
 
 def test_errors(tmp_path):
     _, meta = train("smollm")
+    bad_eos = gt.write_tokenizer_only(tmp_path / "f.gguf", **dict(meta, eos_id=10**6))
+    with pytest.raises(ValueError, match=r"f\.gguf: EOS id 1000000 is outside"):
+        from_gguf(bad_eos)
     with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'llama'"):
         from_gguf(gt.write_tokenizer_only(tmp_path / "a.gguf", **dict(meta, model="llama")))
-    with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer 'mystery'"):
+    with pytest.raises(ValueError, match=r"b\.gguf: unsupported GGUF pre-tokenizer 'mystery'"):
         from_gguf(gt.write_tokenizer_only(tmp_path / "b.gguf", **dict(meta, pre="mystery")))
     broken = list(meta["tokens"])
     broken[300] = "Ġrenamed"  # a merge result: the merges no longer fit the token list
-    with pytest.raises(ValueError, match="do not form a BPE vocabulary"):
+    with pytest.raises(ValueError, match=r"e\.gguf: .*do not form a BPE vocabulary"):
         from_gguf(gt.write_tokenizer_only(tmp_path / "e.gguf", **dict(meta, tokens=broken)))
     good = gt.write_tokenizer_only(tmp_path / "c.gguf", **meta)
     cut = tmp_path / "cut.gguf"
@@ -190,5 +193,5 @@ def test_errors(tmp_path):
     no_template = from_gguf(
         gt.write_tokenizer_only(tmp_path / "d.gguf", **dict(meta, chat_template=None))
     )
-    with pytest.raises(ValueError, match="no tokenizer.chat_template"):
+    with pytest.raises(ValueError, match=r"d\.gguf: no tokenizer.chat_template"):
         no_template.apply_chat_template([{"role": "user", "content": "hi"}])

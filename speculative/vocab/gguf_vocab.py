@@ -105,7 +105,9 @@ class GGUFVocabulary:
         bos_id: int | None = None,
         add_bos: bool = False,
         chat_template: str | None = None,
+        source: str | None = None,
     ):
+        self.source = source  # the GGUF file, for messages
         self._tokens = tuple(tokens)
         self._special_ids = frozenset(i for i, kind in enumerate(token_types) if kind == _CONTROL)
         self.tokenizer = build_tokenizer(tokens, token_types, merges, pre)
@@ -150,7 +152,7 @@ class GGUFVocabulary:
     ) -> str:
         """Renders the file's `tokenizer.chat_template` (jinja2, as transformers does)."""
         if not self.chat_template:
-            raise ValueError("this GGUF file has no tokenizer.chat_template")
+            raise ValueError(f"{self.source or 'this GGUF file'}: no tokenizer.chat_template")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
@@ -179,19 +181,25 @@ def from_gguf(path: str | os.PathLike) -> GGUFVocabulary:
     if model != "gpt2":
         raise ValueError(f"{path}: unsupported GGUF tokenizer model {model!r}; only 'gpt2' (BPE)")
     tokens = metadata_value(reader, "tokenizer.ggml.tokens", required=True)
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.tokens is not a list of strings")
     types = metadata_value(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
     if len(types) != len(tokens):
         raise ValueError(f"{path}: {len(types)} token types for {len(tokens)} tokens")
     eos_id = metadata_value(reader, "tokenizer.ggml.eos_token_id", required=True)
-    if not 0 <= eos_id < len(tokens):
-        raise ValueError(f"{path}: EOS id {eos_id} is outside the {len(tokens)}-token vocabulary")
-    return GGUFVocabulary(
-        tokens=tokens,
-        token_types=[int(t) for t in types],
-        merges=metadata_value(reader, "tokenizer.ggml.merges", required=True),
-        pre=metadata_value(reader, "tokenizer.ggml.pre", "default"),
-        eos_id=eos_id,
-        bos_id=metadata_value(reader, "tokenizer.ggml.bos_token_id"),
-        add_bos=metadata_value(reader, "tokenizer.ggml.add_bos_token", False),
-        chat_template=metadata_value(reader, "tokenizer.chat_template"),
-    )
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < len(tokens):
+        raise ValueError(f"{path}: EOS id {eos_id!r} is outside the {len(tokens)}-token vocabulary")
+    try:
+        return GGUFVocabulary(
+            tokens=tokens,
+            token_types=[int(t) for t in types],
+            merges=metadata_value(reader, "tokenizer.ggml.merges", required=True),
+            pre=metadata_value(reader, "tokenizer.ggml.pre", "default"),
+            eos_id=eos_id,
+            bos_id=metadata_value(reader, "tokenizer.ggml.bos_token_id"),
+            add_bos=metadata_value(reader, "tokenizer.ggml.add_bos_token", False),
+            chat_template=metadata_value(reader, "tokenizer.chat_template"),
+            source=str(path),
+        )
+    except (ValueError, TypeError) as e:  # pre-tokenizer, duplicate tokens, malformed merges
+        raise ValueError(f"{path}: {e}") from e
