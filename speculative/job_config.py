@@ -34,6 +34,8 @@ class InferConfig:
     task_setup: a callable run before the seqio lookup (e.g. @speculative.seqio_tsv_task), for
       tasks defined in gin; task_module: a module imported for its task registrations (T5X style).
     num_examples: the first n examples (None: all; otherwise >= 1).
+    draft: a ModelSpec, or a DraftSpec (configs/drafts/*.gin) for a draft that is not a model.
+    lenience: l in (0, 1] of the acceptance rule; 1 is exact, l < 1 is lossy (rows say exact: false).
     strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
       (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
     """
