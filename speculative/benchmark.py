@@ -544,11 +544,12 @@ def run_locked(cfg: BenchmarkConfig, out_dir: pathlib.Path) -> dict[str, Any]:
                 result["cells"].append(cell)
                 (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
         except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
+            role = "draft" if getattr(e, "role", "target") == "draft" else "target"
             raise JobError(
                 f"NaN logits at batch size {batch_size}: corrupt weights, or a dtype too narrow "
                 f"for the model ({e})",
-                role="target",
-                path=ml.where(cfg.target),
+                role=role,
+                path=ml.describe(cfg.draft) if role == "draft" else ml.where(cfg.target),
             ) from e
         except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
             if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):

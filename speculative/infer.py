@@ -339,15 +339,25 @@ def job_batches(
         yield JobBatch(k, members, batch, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k))
 
 
-def nan_error(cfg: InferConfig, examples: Sequence[Example], members: Sequence[int]) -> JobError:
-    """NaN logits of the target (the loop flags the target's; plain decoding has only it)."""
+def nan_error(
+    cfg: InferConfig,
+    examples: Sequence[Example],
+    members: Sequence[int],
+    error: FloatingPointError | None = None,
+) -> JobError:
+    """NaN logits of the target or the draft (decoding.NaNLogitsError says whose)."""
+    role = "draft" if getattr(error, "role", "target") == "draft" else "target"
     indices = ", ".join(str(examples[i].index) for i in members)
     return JobError(
         f"NaN logits while decoding input(s) {indices}: corrupt weights, or a dtype too narrow "
         "for the model (try DTYPE = 'float32')",
-        role="target",
-        path=ml.where(cfg.target),
+        role=role,
+        path=_where(cfg.draft if role == "draft" else cfg.target),
     )
+
+
+def _where(spec: Any) -> str:
+    return ml.where(spec) if isinstance(spec, ml.ModelSpec) else ml.describe(spec)
 
 
 def decode_pending(
@@ -378,7 +388,7 @@ def decode_pending(
         try:
             result = next(runs)
         except FloatingPointError as e:
-            raise nan_error(cfg, examples, job_batch.members) from e
+            raise nan_error(cfg, examples, job_batch.members, e) from e
         out = result.outputs["decode"]
         members = job_batch.members
         rows = output_rows(

@@ -272,3 +272,19 @@ def test_nan_logits_name_the_target_and_the_inputs(tmp_path, capsys, monkeypatch
     inputs = _jsonl(tmp_path / "in.jsonl", ["a", "b"])
     err = _one_line_error(capsys, _flags(inputs, tmp_path / "o"), "target (random weights): ")
     assert "NaN logits while decoding input(s) 0" in err
+
+
+def test_nan_draft_logits_name_the_draft(tmp_path, capsys, monkeypatch):
+    load = ml.load_model
+
+    def nan_draft(spec, role="model"):
+        loaded = load(spec, role)
+        if role != "draft":
+            return loaded
+        params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), loaded.params)
+        return ml.Loaded(loaded.model, params, loaded.description)
+
+    monkeypatch.setattr(ml, "load_model", nan_draft)
+    inputs = _jsonl(tmp_path / "in.jsonl", ["a", "b"])
+    err = _one_line_error(capsys, _flags(inputs, tmp_path / "o"), "draft (random weights): ")
+    assert "NaN logits while decoding input(s) 0" in err
