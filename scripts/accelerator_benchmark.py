@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative import benchmark_report, memory, metrics, timing
+from speculative import benchmark_report, memory, metrics, planner, timing
 from speculative.models import decoder, t5
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -98,15 +98,10 @@ def verify_costs(
 def best_cost_model_speedup(
     alpha: float, step_s: float, draft_s: float, extend_s: dict[int, float]
 ) -> tuple[int, float]:
-    """(γ, speedup) maximising Thm 3.8's accounting with the measured verify cost, over the γ whose
-    γ + 1 tokens were measured."""
-    candidates = []
-    for n in sorted(extend_s):
-        if n >= 2:
-            tau = metrics.expected_tokens_per_call(alpha, n - 1)
-            speedup = metrics.cost_model_speedup(tau, n - 1, step_s, draft_s, extend_s[n])
-            candidates.append((n - 1, speedup))
-    return max(candidates, key=lambda gs: gs[1])
+    """(γ, speedup) maximising Thm 3.8's accounting with the measured verify cost (`planner.plan`),
+    over the γ whose γ + 1 tokens were measured, even when speculation loses."""
+    plan = planner.plan(alpha, step_s, draft_s, extend_s, min_speedup=float("-inf"))
+    return plan.gamma, plan.predicted_speedup
 
 
 def t5_section(tiny: bool, dtype: str, lengths: tuple[int, ...], input_len: int) -> dict[str, Any]:

@@ -445,7 +445,12 @@ class ModelDrafter(StatelessDrafter):
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return partitioner.place_params(self.model, params, "draft")
 
+    def model_params(self, params: Any) -> Any:
+        """The draft model's parameters within `params` (all of them; a self-draft takes a part)."""
+        return params
+
     def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> DecodeState:
+        params = self.model_params(params)
         state, _, _, _ = prefill(self.model, params, batch, config.cache_length(self.model, batch))
         return state
 
@@ -463,6 +468,7 @@ class ModelDrafter(StatelessDrafter):
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         """gamma tokens per row: (tokens [B, G], logits [B, G, V] they were drawn from, state with
         index pos + G)."""
+        params = self.model_params(params)
         draft, pos, last, prev = self.model, context.pos, context.last, context.prev
         # Catch-up block [prev, last] at pos - 1 (docs/design.md §3); rows at position 0 (nothing
         # before `last`) feed [last, last] at 0 and read the first logits (slot 1 is overwritten

@@ -140,11 +140,10 @@ def batch_indices(examples: Examples, batch_size: int, seed: int, step: int) -> 
     for start in range(0, n, window):
         chunk = order[start : start + window]
         order[start : start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
-    batches = order[: per_epoch * batch_size].reshape(per_epoch, batch_size)
-    batches = batches[rng.permutation(per_epoch)] if n >= batch_size else batches
-    if n < batch_size:  # a tiny dataset: cycle it to fill the batch
+    if n < batch_size:  # a dataset smaller than a batch: cycle it to fill the batch
         return np.resize(order, batch_size)
-    return batches[k]
+    batches = order[: per_epoch * batch_size].reshape(per_epoch, batch_size)
+    return batches[rng.permutation(per_epoch)[k]]
 
 
 def make_batch(examples: Examples, indices: np.ndarray) -> dict[str, jnp.ndarray]:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from speculative import sampling
+from speculative import decoding, sampling
 from speculative.models import decoder, t5
 
 
@@ -251,3 +251,18 @@ def t5_1_1_small(**overrides) -> t5.T5:
         mlp_activations=("gelu", "linear"),
     )
     return t5.T5(dataclasses.replace(config, **overrides))
+
+
+def greedy_reference_with_mid_eos(model, params, batch, max_len: int, vocab: int):
+    """An EOS id some rows emit mid-sequence (row 0's 7th free-running token), the plain greedy
+    decode stopping at it, and the free-running decode (for fitting n-gram tables on the target's
+    own outputs). Returns (eos_id, reference DecodeOutput, free DecodeOutput)."""
+    free = decoding.autoregressive_decode(
+        model, params, batch, max_decode_len=max_len, eos_id=vocab
+    )
+    eos_id = int(free.tokens[0, 6])
+    ref = decoding.autoregressive_decode(
+        model, params, batch, max_decode_len=max_len, eos_id=eos_id
+    )
+    assert np.asarray(ref.lengths).min() < max_len, "want a row that stops at the EOS"
+    return eos_id, ref, free

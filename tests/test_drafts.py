@@ -28,13 +28,7 @@ def batch():
 def reference(target, batch):
     """An EOS id some rows emit mid-sequence, the plain greedy decode with it, and tables fitted on
     the target's own outputs (so that the drafts are right some of the time)."""
-    model, params = target
-    free = decoding.autoregressive_decode(model, params, batch, max_decode_len=MAX_LEN, eos_id=V)
-    eos_id = int(free.tokens[0, 6])
-    ref = decoding.autoregressive_decode(
-        model, params, batch, max_decode_len=MAX_LEN, eos_id=eos_id
-    )
-    assert np.asarray(ref.lengths).min() < MAX_LEN
+    eos_id, ref, free = helpers.greedy_reference_with_mid_eos(*target, batch, MAX_LEN, V)
     tables = ngram.fit(helpers.rows_as_sequences(free.tokens, free.lengths), V, top_k=4)
     return eos_id, ref, tables
 

@@ -31,12 +31,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def reference(target, batch):
-    model, params = target
-    free = decoding.autoregressive_decode(model, params, batch, max_decode_len=MAX_LEN, eos_id=V)
-    eos_id = int(free.tokens[0, 6])
-    ref = decoding.autoregressive_decode(
-        model, params, batch, max_decode_len=MAX_LEN, eos_id=eos_id
-    )
+    eos_id, ref, free = helpers.greedy_reference_with_mid_eos(*target, batch, MAX_LEN, V)
     tables = ngram.fit(helpers.rows_as_sequences(free.tokens, free.lengths), V, top_k=4)
     return eos_id, ref, tables
 

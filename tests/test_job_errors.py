@@ -258,33 +258,18 @@ def test_bad_input_files_are_one_line_errors_naming_file_and_line(tmp_path, caps
     assert not (tmp_path / "o").exists()
 
 
-def test_nan_logits_name_the_target_and_the_inputs(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("poisoned", ["target", "draft"])
+def test_nan_logits_name_the_model_and_the_inputs(tmp_path, capsys, monkeypatch, poisoned):
     load = ml.load_model
 
-    def nan_target(spec, role="model"):
+    def with_nan_weights(spec, role="model"):
         loaded = load(spec, role)
-        if role != "target":
+        if role != poisoned:
             return loaded
         params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), loaded.params)
         return ml.Loaded(loaded.model, params, loaded.description)
 
-    monkeypatch.setattr(ml, "load_model", nan_target)
+    monkeypatch.setattr(ml, "load_model", with_nan_weights)
     inputs = _jsonl(tmp_path / "in.jsonl", ["a", "b"])
-    err = _one_line_error(capsys, _flags(inputs, tmp_path / "o"), "target (random weights): ")
-    assert "NaN logits while decoding input(s) 0" in err
-
-
-def test_nan_draft_logits_name_the_draft(tmp_path, capsys, monkeypatch):
-    load = ml.load_model
-
-    def nan_draft(spec, role="model"):
-        loaded = load(spec, role)
-        if role != "draft":
-            return loaded
-        params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), loaded.params)
-        return ml.Loaded(loaded.model, params, loaded.description)
-
-    monkeypatch.setattr(ml, "load_model", nan_draft)
-    inputs = _jsonl(tmp_path / "in.jsonl", ["a", "b"])
-    err = _one_line_error(capsys, _flags(inputs, tmp_path / "o"), "draft (random weights): ")
+    err = _one_line_error(capsys, _flags(inputs, tmp_path / "o"), f"{poisoned} (random weights): ")
     assert "NaN logits while decoding input(s) 0" in err

@@ -138,3 +138,11 @@ def test_token_level_distillation_moves_the_student_towards_its_teacher(trained,
     on_references = _student_teacher_kl(tmp_path / "references", teacher_dir)
     distilled = _student_teacher_kl(tmp_path / "distilled", teacher_dir)
     assert distilled < 0.9 * on_references, (distilled, on_references)  # measured 0.66 vs 0.76
+
+
+def test_batches_cover_an_epoch_and_a_tiny_dataset_is_cycled():
+    examples = train.Examples(np.ones((10, 8), np.int32), np.ones((10, 8), np.int32))
+    epoch = np.concatenate([train.batch_indices(examples, 4, 0, step) for step in (0, 1)])
+    assert len(set(epoch.tolist())) == 8  # two batches of 4 distinct examples per epoch
+    small = train.batch_indices(examples, 16, 0, 3)
+    assert small.shape == (16,) and set(small.tolist()) == set(range(10))

@@ -17,12 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
-
-from speculative.decoding import DecodeConfig, ModelDrafter
-from speculative.drafts.base import DraftContext
+from speculative.decoding import ModelDrafter
 from speculative.models import decoder
-from speculative.sampling import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +43,7 @@ class LayerSkipDrafter(ModelDrafter):
         shallow = dataclasses.replace(self.target.config, num_layers=self.num_layers)
         object.__setattr__(self, "model", decoder.DecoderLM(shallow))
 
-    def shallow_params(self, params: Any) -> Any:
+    def model_params(self, params: Any) -> Any:
         """The target's parameter tree cut to the draft's layers (same arrays, no copy)."""
         keep = {f"layers_{i}" for i in range(self.num_layers)}
         return {k: v for k, v in params.items() if not k.startswith("layers_") or k in keep}
@@ -58,17 +54,3 @@ class LayerSkipDrafter(ModelDrafter):
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return partitioner.place_params(self.target, params, "target")
-
-    def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> Any:
-        return super().init(self.shallow_params(params), batch, config)
-
-    def propose(
-        self,
-        params: Any,
-        state: Any,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
-    ) -> tuple[jax.Array, jax.Array, Any]:
-        return super().propose(self.shallow_params(params), state, context, rng, gamma, sampling)
