@@ -29,7 +29,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from speculative import checkpoints, fetch, vocab
+from speculative import checkpoints, fetch, sharded_checkpoints, vocab
 from speculative.drafts import layer_skip, ngram, prompt_lookup
 from speculative.errors import JobError, strip_path
 from speculative.models import decoder, t5
@@ -252,12 +252,20 @@ def _cast(params: Any, dtype: Any) -> Any:
     )
 
 
-def load_model(spec: ModelSpec, role: str = "model") -> Loaded:
-    """Reads the weights a spec names. role ('target', 'draft') prefixes error messages."""
+def load_model(spec: ModelSpec, role: str = "model", partitioner: Any = None) -> Loaded:
+    """Reads the weights a spec names. role ('target', 'draft') prefixes error messages.
+
+    With a `partitioning.Partitioner` every parameter is placed on its shards by the role's rules;
+    a T5X checkpoint is then read shard by shard (`sharded_checkpoints.load_t5x_sharded`), never
+    whole. A mesh that does not divide the model is a JobError naming the config field.
+    """
     validate_model_spec(spec, role)
     start = time.perf_counter()
     try:
-        model, params = _read_weights(spec, role)
+        if partitioner is None:
+            model, params = _read_weights(spec, role)
+        else:
+            model, params = _read_sharded(spec, role, partitioner)
     except JobError:
         raise
     except _LOADER_ERRORS + _MALFORMED_ERRORS as e:
@@ -267,6 +275,29 @@ def load_model(spec: ModelSpec, role: str = "model") -> Loaded:
         f"{role}: {describe(spec)}: {count / 1e6:.1f}M params in {time.perf_counter() - start:.1f}s"
     )
     return Loaded(model, params, describe(spec))
+
+
+def _read_sharded(spec: ModelSpec, role: str, partitioner: Any) -> tuple[LanguageModel, Any]:
+    """(model, params placed by `partitioner`'s rules for `role`) of a validated spec."""
+    place_role = "draft" if role == "draft" else "target"
+    if spec.model is not None:  # the architecture is known: check the mesh before reading
+        _check_mesh(partitioner, spec.model, place_role, role)
+    if spec.format == "t5x":
+        dtype = jnp.dtype(spec.dtype)
+        params = sharded_checkpoints.load_t5x_sharded(
+            spec.path, spec.model.config, partitioner, place_role, dtype
+        )
+        return spec.model, params
+    model, params = _read_weights(spec, role)
+    _check_mesh(partitioner, model, place_role, role)
+    return model, partitioner.place_params(model, params, place_role)
+
+
+def _check_mesh(partitioner: Any, model: Any, place_role: str, role: str) -> None:
+    try:
+        partitioner.rules(model, place_role)
+    except ValueError as e:
+        raise JobError(f"mesh: {e}", role=role) from e
 
 
 def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:

@@ -35,13 +35,18 @@ class Program(Protocol):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Decoder:
-    """Decoding of `target` by `config`: speculative with a draft (config.gamma set), else plain."""
+    """Decoding of `target` by `config`: speculative with a draft (config.gamma set), else plain.
+
+    With a `partitioning.Partitioner` the loop is compiled SPMD on its mesh: params are placed by
+    its rules (a no-op for params loaded onto their shards) and each batch's rows on 'data'.
+    """
 
     target: LanguageModel
     target_params: Any
     config: decoding.DecodeConfig
     draft: LanguageModel | Drafter | None = None
     draft_params: Any = None
+    partitioner: Any = None
 
     @property
     def speculative(self) -> bool:
@@ -55,34 +60,51 @@ class Decoder:
             drafter.check_target(self.target)
             drafter.validate(batch, self.config)
 
+    def placed_params(self) -> tuple[Any, Any]:
+        """(target params, draft params), on the partitioner's mesh when there is one."""
+        if self.partitioner is None:
+            return self.target_params, self.draft_params
+        target = self.partitioner.place_params(self.target, self.target_params, "target")
+        if not self.speculative:
+            return target, None
+        drafter = decoding.as_drafter(self.draft)
+        return target, drafter.place_params(self.partitioner, self.draft_params)
+
+    def place(self, batch: Batch, rng: jax.Array) -> tuple[Batch, jax.Array]:
+        """The batch (rows on 'data') and rng (replicated) as the compiled loop takes them."""
+        if self.partitioner is None:
+            return batch, rng
+        return decoding.place_inputs(self.partitioner, batch, rng)
+
     def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
         self.validate(batch)
+        target_params, draft_params = self.placed_params()
+        batch, rng = self.place(batch, rng)
+        static = {"config": self.config}
+        if self.partitioner is not None:  # unsharded: the same call (and cache key) as before
+            static["partitioner"] = self.partitioner
         if self.speculative:
             compiled, seconds = timing.compile_ahead(
                 decoding.speculative_loop,
                 self.target,
-                self.target_params,
+                target_params,
                 self.draft,
-                self.draft_params,
+                draft_params,
                 batch,
                 rng,
-                config=self.config,
+                **static,
             )
-            params = (self.target_params, self.draft_params)
+            params = (target_params, draft_params)
         else:
             compiled, seconds = timing.compile_ahead(
-                decoding.autoregressive_loop,
-                self.target,
-                self.target_params,
-                batch,
-                rng,
-                config=self.config,
+                decoding.autoregressive_loop, self.target, target_params, batch, rng, **static
             )
-            params = (self.target_params,)
+            params = (target_params,)
 
         which = "target" if self.speculative else "model"
 
         def run(batch: Batch, rng: jax.Array) -> decoding.DecodeOutput:
+            batch, rng = self.place(batch, rng)
             return decoding.check_finite(compiled(*params, batch, rng), which)
 
         return run, seconds
