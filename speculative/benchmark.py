@@ -45,6 +45,7 @@ from speculative import (
     decoding,
     gin_flags,
     inputs,
+    job_spmd,
     memory,
     metrics,
     runner,
@@ -121,7 +122,8 @@ def load(cfg: BenchmarkConfig) -> Setup:
     specs = [("target", cfg.target)]
     if not isinstance(cfg.draft, ml.DraftSpec):
         specs.append(("draft", cfg.draft))
-    loaded = {role: (ml.load_model(spec, role), ml.where(spec)) for role, spec in specs}
+    mesh = {} if cfg.partitioner is None else {"partitioner": cfg.partitioner}
+    loaded = {role: (ml.load_model(spec, role, **mesh), ml.where(spec)) for role, spec in specs}
     ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
     if isinstance(cfg.draft, ml.DraftSpec):  # built for the fitted target's width
@@ -346,14 +348,14 @@ def cell_programs(
     plain = decoding.DecodeConfig(cfg.feature_lengths["targets"], setup.stop_ids, sampling)
     programs: dict[Hashable, runner.Program] = {
         "target prefill": runner.Prefill(target.model, target.params, plain),
-        "plain": runner.Decoder(target.model, target.params, plain),
+        "plain": runner.Decoder(target.model, target.params, plain, partitioner=cfg.partitioner),
     }
     if setup.draft_model is not None:
         programs["draft prefill"] = runner.Prefill(draft.model, draft.params, plain)
     for gamma in cfg.gammas:
         config = dataclasses.replace(plain, gamma=gamma, lenience=float(cfg.lenience))
         programs[gamma] = runner.Decoder(
-            target.model, target.params, config, draft.model, draft.params
+            target.model, target.params, config, draft.model, draft.params, cfg.partitioner
         )
     return programs
 
@@ -468,6 +470,7 @@ def header(cfg: BenchmarkConfig, setup: Setup) -> dict[str, Any]:
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),  # they can change kernels, hence timings
+        **({"partitioner": job_spmd.describe(cfg.partitioner)} if cfg.partitioner else {}),
         "cells": [],
         "skipped": [],
     }
@@ -524,15 +527,24 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     """Runs the sweep; returns the result also written to OUTPUT_DIR/benchmark.json (rewritten
     after every cell, so a long sweep keeps what it measured)."""
     validate(cfg)
-    with lock_output_dir(cfg.output_dir) as out_dir:
-        return run_locked(cfg, out_dir)
+    cfg = dataclasses.replace(cfg, partitioner=job_spmd.make_partitioner(cfg.partitioner))
+    for batch_size in cfg.batch_sizes:  # refused before any weight is read
+        job_spmd.check_batch(cfg.partitioner, batch_size, "BATCH_SIZES entry")
+    cache_dir = job_spmd.cache_dir(cfg.compilation_cache_dir, cfg.output_dir)
+    with lock_output_dir(cfg.output_dir) as out, job_spmd.compilation_cache(cache_dir) as cache:
+        return run_locked(cfg, out, cache)
 
 
-def run_locked(cfg: BenchmarkConfig, out_dir: pathlib.Path) -> dict[str, Any]:
-    """`run`'s sweep while it holds OUTPUT_DIR's lock."""
+def run_locked(
+    cfg: BenchmarkConfig, out_dir: pathlib.Path, cache: job_spmd.CacheStats | None = None
+) -> dict[str, Any]:
+    """`run`'s sweep while it holds OUTPUT_DIR's lock. With the compilation cache on,
+    benchmark.json's compilation_cache says whether the compile times are warm (cache hits)."""
     setup = load(cfg)
     print_memory(setup, cfg)
     result = header(cfg, setup)
+    if cache is not None and cache.dir:
+        result["compilation_cache"] = cache.to_json()
     for batch_size in cfg.batch_sizes:
         reason = memory_shortfall(setup, cfg, batch_size)
         if reason is not None:
@@ -542,6 +554,8 @@ def run_locked(cfg: BenchmarkConfig, out_dir: pathlib.Path) -> dict[str, Any]:
         try:
             for cell in measure_batch_size(setup, cfg, batch_size):
                 result["cells"].append(cell)
+                if "compilation_cache" in result:
+                    result["compilation_cache"] = cache.to_json()
                 (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
         except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
             role = "draft" if getattr(e, "role", "target") == "draft" else "target"

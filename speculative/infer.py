@@ -20,6 +20,11 @@ Output, in OUTPUT_DIR:
                      this_run times this run's decoding, each program compiled once per prompt
                      width, ahead of time and apart.
   config.gin         the operative gin config.
+  With PARTITIONER (a ('data', 'model') mesh) the weights are placed on their shards, T5X
+  checkpoints read shard by shard, and each batch's rows split over 'data'; with DISTRIBUTED
+  every host of a pod slice runs the job, feeds its rows, and process 0 alone writes the files.
+  COMPILATION_CACHE_DIR ('auto': <parent of OUTPUT_DIR>/jax_cache) keeps compiled programs
+  across runs; summary.json's compilation_cache says whether this run found them (warm).
   .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
 not loaded); greedy outputs are then identical to the speculative ones.
@@ -27,6 +32,7 @@ not loaded); greedy outputs are then identical to the speculative ones.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import itertools
@@ -41,7 +47,18 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from speculative import decoding, gin_flags, inputs, memory, metrics, runner, timing, vocab
+from speculative import (
+    decoding,
+    distributed,
+    gin_flags,
+    inputs,
+    job_spmd,
+    memory,
+    metrics,
+    runner,
+    timing,
+    vocab,
+)
 from speculative import model_loading as ml
 from speculative.drafts.base import Drafter
 from speculative.errors import JobError
@@ -81,6 +98,10 @@ def validate(cfg: InferConfig) -> None:
     if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
         raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
     check_num_examples(cfg.num_examples)
+    if cfg.multi_host and cfg.partitioner is None:
+        raise JobError(
+            "DISTRIBUTED (multi_host) needs a PARTITIONER mesh over every host's devices"
+        )
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
@@ -124,19 +145,21 @@ class Models:
     def encoder_decoder(self) -> bool:
         return self.target.model.is_encoder_decoder
 
-    def decoder(self, config: decoding.DecodeConfig) -> runner.Decoder:
+    def decoder(self, config: decoding.DecodeConfig, partitioner: Any = None) -> runner.Decoder:
         target = (self.target.model, self.target.params, config)
         if self.draft is None:
-            return runner.Decoder(*target)
-        return runner.Decoder(*target, self.draft.model, self.draft.params)
+            return runner.Decoder(*target, partitioner=partitioner)
+        return runner.Decoder(*target, self.draft.model, self.draft.params, partitioner)
 
 
 def load_models(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> Models:
-    """The target (and draft), checked against the vocabulary, padding ids masked out."""
-    loaded = {"target": (ml.load_model(cfg.target, "target"), ml.where(cfg.target))}
+    """The target (and draft), checked against the vocabulary, padding ids masked out; on their
+    shards when cfg.partitioner is set."""
+    mesh = {} if cfg.partitioner is None else {"partitioner": cfg.partitioner}
+    loaded = {"target": (ml.load_model(cfg.target, "target", **mesh), ml.where(cfg.target))}
     draft_spec = isinstance(cfg.draft, ml.DraftSpec)
     if cfg.speculative and not draft_spec:
-        loaded["draft"] = (ml.load_model(cfg.draft, "draft"), ml.where(cfg.draft))
+        loaded["draft"] = (ml.load_model(cfg.draft, "draft", **mesh), ml.where(cfg.draft))
     if cfg.speculative:
         ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
@@ -301,6 +324,7 @@ class RunStats:
     decoded_tokens: int = 0
     decode_s: float = 0.0
     compile_batches: int = 0  # batches that compiled a program first (one per prompt width)
+    compile_s: float = 0.0  # seconds compiling them (low when the compilation cache is warm)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -326,16 +350,25 @@ def job_batches(
     """The pending batches, built lazily: fixed rows [k*B, (k+1)*B) (a short last batch repeats its
     last row), each padded to its own bucket width, batch k with rng fold_in(seed, k)."""
     rows = inputs.consecutive_rows(len(ids), cfg.batch_size)
+    # On a mesh, this host builds only its rows (all of them on one host); the width is the
+    # whole batch's, so every host pads alike.
+    local = (
+        slice(None)
+        if cfg.partitioner is None
+        else job_spmd.local_rows(cfg.partitioner, cfg.batch_size)
+    )
     for k in todo:
         members = list(dict.fromkeys(rows[k]))
         width = inputs.bucket(max(len(ids[i]) for i in members), cfg.feature_lengths["inputs"])
         batch = inputs.make_batch(
-            [ids[i] for i in rows[k]], decoder.target.is_encoder_decoder, width
+            [ids[i] for i in rows[k][local]], decoder.target.is_encoder_decoder, width
         )
         try:
             decoder.validate(batch)
         except ValueError as e:
             raise JobError(f"batch {k}: {e}") from e
+        if cfg.partitioner is not None:
+            batch = job_spmd.place_batch(cfg.partitioner, batch, cfg.batch_size)
         yield JobBatch(k, members, batch, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), k))
 
 
@@ -371,14 +404,14 @@ def decode_pending(
 ) -> RunStats:
     """Decodes the pending batches, appending each batch's rows to the store as it finishes."""
     ids = [e.ids for e in encoded]
-    stats = RunStats()
+    stats, writer = RunStats(), job_spmd.is_writer()
     spec_rows = [r for r in store.rows() if "alpha" in r]
     pooled = pool_rows(spec_rows) if spec_rows else None  # the progress bar's running alpha
     bar = tqdm(
         total=len(examples),
         initial=len(store.done),
         unit="ex",
-        disable=not cfg.progress,
+        disable=not (cfg.progress and writer),
         file=sys.stderr,
     )
     # Built lazily, one batch ahead of the decoding: tee keeps the batch beside its result.
@@ -390,6 +423,13 @@ def decode_pending(
         except FloatingPointError as e:
             raise nan_error(cfg, examples, job_batch.members, e) from e
         out = result.outputs["decode"]
+        stats.decode_s += result.seconds["decode"]
+        stats.compile_batches += "decode" in result.compile_s
+        stats.compile_s += result.compile_s.get("decode", 0.0)
+        if cfg.partitioner is not None:  # every host takes part; host 0 gets the rows
+            out = distributed.gather_to_host0(out)
+        if not writer:  # host 0 writes the rows
+            continue
         members = job_batch.members
         rows = output_rows(
             [examples[i] for i in members],
@@ -402,8 +442,6 @@ def decode_pending(
         store.append(rows)
         stats.decoded_examples += len(rows)
         stats.decoded_tokens += sum(r["length"] for r in rows)
-        stats.decode_s += result.seconds["decode"]
-        stats.compile_batches += "decode" in result.compile_s
         postfix = {"tok/s": f"{stats.tokens_per_s:.1f}" if stats.decode_s else "compiling"}
         if cfg.speculative and rows:
             pooled = pool_rows(([pooled] if pooled else []) + rows)
@@ -443,11 +481,16 @@ def run(cfg: InferConfig) -> dict[str, Any]:
     Weights are loaded only when there is something to decode or measure.
     """
     validate(cfg)
+    job_spmd.start_distributed(cfg.multi_host)
+    cfg = dataclasses.replace(cfg, partitioner=job_spmd.make_partitioner(cfg.partitioner))
+    job_spmd.check_batch(cfg.partitioner, cfg.batch_size, "BATCH_SIZE")
     examples = load_examples(cfg)
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
     encoded = encode_inputs(cfg, examples, vocabulary)  # strict inputs: refused before any write
-    with lock_output_dir(cfg.output_dir):
-        return run_locked(cfg, examples, vocabulary, encoded)
+    cache_dir = job_spmd.cache_dir(cfg.compilation_cache_dir, cfg.output_dir)
+    lock = lock_output_dir(cfg.output_dir) if job_spmd.is_writer() else contextlib.nullcontext()
+    with lock, job_spmd.compilation_cache(cache_dir) as cache:
+        return run_locked(cfg, examples, vocabulary, encoded, cache)
 
 
 def run_locked(
@@ -455,29 +498,47 @@ def run_locked(
     examples: Sequence[Example],
     vocabulary: vocab.Vocabulary,
     encoded: Sequence[inputs.Encoded],
+    cache: job_spmd.CacheStats | None = None,
 ) -> dict[str, Any]:
-    """`run`'s work while it holds OUTPUT_DIR's lock: decode what is pending, then summarise."""
-    store = ResultStore(cfg.output_dir, fingerprint(cfg, examples))
+    """`run`'s work while it holds OUTPUT_DIR's lock: decode what is pending, then summarise.
+
+    Only the writer (process 0) reads and writes OUTPUT_DIR; the other hosts decode the batches
+    it finds pending and return {"process_index": i, "this_run": ...}.
+    """
+    writer = job_spmd.is_writer()
+    if writer:
+        store = ResultStore(cfg.output_dir, fingerprint(cfg, examples))
+    else:
+        store = job_spmd.NullStore(cfg.output_dir)
     todo = pending_batches(len(examples), cfg.batch_size, store.done)
+    todo = job_spmd.agree_on_pending(todo, math.ceil(len(examples) / cfg.batch_size))
     print(
         f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
         f"batches of {cfg.batch_size} to decode"
     )
     config = decode_config(cfg, vocabulary)
     stats, costs, padding = RunStats(), {}, {}
-    if todo or (cfg.speculative and cfg.measure_c):
+    # c is timed on one host's devices; on several hosts it is left out.
+    measure_c = cfg.speculative and cfg.measure_c and jax.process_count() == 1
+    if todo or measure_c:
         models = load_models(cfg, vocabulary)
         padding = models.vocab_padding
         ids = [e.ids for e in encoded]
         check_context(models, ids, config.max_decode_len)
         print(memory_report(cfg, models, ids))
-        decoder = models.decoder(config)
+        decoder = models.decoder(config, cfg.partitioner)
         stats = decode_pending(cfg, examples, encoded, todo, decoder, vocabulary, store)
-        if cfg.speculative and cfg.measure_c:
+        if measure_c:
             costs = measure_cost(cfg, models, config, ids[0])
+    if not writer:
+        return {"process_index": jax.process_index(), "this_run": stats.to_json()}
     summary = job_summary(cfg, store.rows(), stats, costs)
     if padding:
         summary["vocab_padding"] = padding
+    if cfg.partitioner is not None:
+        summary["partitioner"] = job_spmd.describe(cfg.partitioner)
+    if cache is not None and cache.dir:
+        summary["compilation_cache"] = cache.to_json()
     (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (store.dir / "config.gin").write_text(gin.operative_config_str())
     print_summary(summary, store.dir)
@@ -556,6 +617,13 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
             f"  this run: {r['decoded_tokens']} tokens, {r['tokens_per_s']:.1f} tok/s "
             "(compilation excluded)"
         )
+    if r["compile_batches"]:
+        cache = s.get("compilation_cache")
+        state = ""
+        if cache:
+            warmth = "warm" if cache["warm"] else "cold" if not cache["hits"] else "partly warm"
+            state = f", cache {warmth} ({cache['hits']} hits, {cache['misses']} misses)"
+        print(f"  compiled {r['compile_batches']} program(s) in {r['compile_s']:.1f}s{state}")
     if "c" in s:
         print(
             f"  c {s['c']:.3f} -> Theorem 3.8 speedup estimate {s['predicted_speedup']:.2f}x "
@@ -564,8 +632,15 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     print(f"  wrote {out_dir}/predictions.jsonl, summary.json, config.gin")
 
 
+def make_config() -> InferConfig:
+    """InferConfig from gin, after `distributed.initialize` (gin: enabled = %DISTRIBUTED): a
+    PARTITIONER's mesh must see every host's devices."""
+    distributed.initialize()
+    return InferConfig()
+
+
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], InferConfig, run)
+    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], make_config, run)
 
 
 if __name__ == "__main__":

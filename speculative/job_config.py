@@ -15,9 +15,10 @@ from typing import Any
 
 import gin
 
-# Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.* and
-# speculative.ModelSpec / VocabSpec, so every job that parses a config imports this module.
-from speculative import configurables, inputs, model_loading  # noqa: F401
+# Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.*,
+# partitioning.create_partitioner, distributed.initialize and speculative.ModelSpec / VocabSpec,
+# so every job that parses a config imports this module.
+from speculative import configurables, distributed, inputs, model_loading, partitioning  # noqa: F401
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
@@ -38,6 +39,12 @@ class InferConfig:
     lenience: l in (0, 1] of the acceptance rule; 1 is exact, l < 1 is lossy (rows say exact: false).
     strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
       (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
+    partitioner: None (one device, unsharded) or `@partitioning.create_partitioner()` (a
+      ('data', 'model') mesh; batch_size must divide by 'data'); see README "Cloud TPU / multi-host".
+    multi_host: the job runs on every host of a pod slice (`distributed.initialize`); each host
+      feeds its rows of each batch, process 0 alone writes the outputs. Needs a partitioner.
+    compilation_cache_dir: JAX's persistent compilation cache: 'auto' (<parent of output_dir>/
+      jax_cache), a directory, or None / '' (off).
     """
 
     target: Any = gin.REQUIRED
@@ -65,6 +72,9 @@ class InferConfig:
     measure_c: bool = True
     progress: bool = True
     strict_inputs: bool = False
+    partitioner: Any = None
+    multi_host: bool = False
+    compilation_cache_dir: str | None = None
 
 
 def check_num_examples(value: Any) -> None:
@@ -136,6 +146,8 @@ class BenchmarkConfig:
     batch_sizes: Sequence[int] = (1, 4, 16, 64)
     repeats: int = 3
     seed: int = 0
+    partitioner: Any = None
+    compilation_cache_dir: str | None = None
 
 
 def check_lenience(lenience: Any) -> None:

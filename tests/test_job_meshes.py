@@ -1,0 +1,120 @@
+"""The inference job on ('data', 'model') meshes of 8 host devices, through its command line.
+
+Greedy tokens and the summary's alpha and tau on a 2x4 and a 4x2 mesh equal the unsharded run's;
+a BATCH_SIZE the 'data' axis does not divide is a one-line error (exit 2) before anything loads.
+Needs XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts, so the default suite runs
+this module in a subprocess (tests/test_job_spmd.py); by hand:
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/pytest tests/test_job_meshes.py
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import pytest
+
+from speculative import benchmark, gin_flags, infer, job_spmd, partitioning
+
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < 8,
+    reason="needs 8 devices; the default suite runs it in a subprocess (tests/test_job_spmd.py)",
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+PROMPTS = ["Hi", "Ein", "x = 1", "def add(a, b):", "Hello, world!", "import numpy", "a", "bc"]
+MESHES = [(2, 4), (4, 2)]
+
+
+def _flags(inputs: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:
+    return TINY + [
+        "--gin.speculative.InferConfig.measure_c=False",
+        "--gin.speculative.InferConfig.progress=False",
+        "--gin.COMPILATION_CACHE_DIR=None",
+        f"--gin.INPUT_FILE='{inputs}'",
+        f"--gin.OUTPUT_DIR='{out}'",
+        *extra,
+    ]
+
+
+def _mesh(data: int, model: int) -> list[str]:
+    return [
+        "--gin.PARTITIONER=@partitioning.create_partitioner()",
+        f"--gin.partitioning.create_partitioner.data={data}",
+        f"--gin.partitioning.create_partitioner.model={model}",
+    ]
+
+
+def _rows(out: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def _cwd_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("inputs") / "in.jsonl"
+    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in PROMPTS))
+    return path
+
+
+def test_meshes_give_the_unsharded_tokens_alpha_and_tau(inputs, tmp_path):
+    batch = "--gin.BATCH_SIZE=4"
+    reference = infer.main(_flags(inputs, tmp_path / "unsharded", batch))
+    assert "partitioner" not in reference
+    expected = [r["output_ids"] for r in _rows(tmp_path / "unsharded")]
+    for data, model in MESHES:
+        out = tmp_path / f"mesh_{data}x{model}"
+        summary = infer.main(_flags(inputs, out, batch, *_mesh(data, model)))
+        assert summary["partitioner"]["mesh"] == {"data": data, "model": model}
+        assert [r["output_ids"] for r in _rows(out)] == expected, (data, model)
+        assert summary["alpha"] == reference["alpha"] and summary["tau"] == reference["tau"]
+        assert summary["tokens"] == reference["tokens"]
+
+
+def test_batch_size_the_data_axis_does_not_divide_fails_before_loading(inputs, tmp_path, capsys):
+    out = tmp_path / "bad"
+    code = gin_flags.run_job(infer.main, _flags(inputs, out, "--gin.BATCH_SIZE=3", *_mesh(2, 4)))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.strip() == (
+        "error: BATCH_SIZE 3 is not divisible by the 'data' mesh axis of size 2"
+    )
+    assert "target:" not in captured.out and not out.exists()  # nothing loaded or written
+
+
+def test_benchmark_on_a_mesh_matches_plain_greedy(inputs, tmp_path):
+    flags = [
+        "--gin_file=configs/runs/benchmark.gin",
+        "--gin_file=configs/demo/tiny_random_models.gin",
+        f"--gin.INPUT_FILE='{inputs}'",
+        f"--gin.OUTPUT_DIR='{tmp_path / 'bench'}'",
+        "--gin.GAMMAS=[2]",
+        "--gin.TEMPERATURES=[0.0]",
+        "--gin.BATCH_SIZES=[4]",
+        "--gin.REPEATS=1",
+        "--gin.NUM_EXAMPLES=4",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+        "--gin.COMPILATION_CACHE_DIR=None",
+        *_mesh(2, 4),
+    ]
+    result = benchmark.main(flags)
+    assert result["partitioner"]["mesh"] == {"data": 2, "model": 4}
+    assert result["cells"][0]["points"][0]["greedy_identical_to_plain"]
+    code = gin_flags.run_job(benchmark.main, flags + ["--gin.BATCH_SIZES=[4, 3]"])
+    assert code == 2  # 3 rows do not split over data = 2: refused before the sweep
+
+
+def test_hosts_rows_of_a_real_mesh_cover_the_batch_once():
+    """Pretend each data row of a 4x2 mesh is one host: the hosts' rows tile the batch."""
+    partitioner = partitioning.create_partitioner(data=4, model=2)
+    host_of = {d: i for i, row in enumerate(partitioner.mesh.devices) for d in row}
+    indices = partitioner.row_sharding(1).devices_indices_map((8,))
+    spans = [job_spmd.rows_of_process(indices, host_of.get, h, 8) for h in range(4)]
+    assert sorted((s.start, s.stop) for s in spans) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert job_spmd.local_rows(partitioner, 8) == slice(0, 8)  # one real process: every row
