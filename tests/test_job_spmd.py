@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -140,6 +141,67 @@ def test_only_process_0_writes():
     assert job_spmd.is_writer(0) and not job_spmd.is_writer(1) and not job_spmd.is_writer(3)
     assert job_spmd.is_writer()  # this test's single process
     assert job_spmd.agree_on_pending([2, 0], 4) == [2, 0]  # one process: as it is
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_on_cpu_write_the_single_process_rows_once(tmp_path, monkeypatch):
+    """A real two-host run on XLA:CPU (gloo collectives), 2 devices each, a 2x2 mesh; then a
+    resume after the last batch's rows are lost."""
+    monkeypatch.chdir(ROOT)
+    inputs = _write_inputs(tmp_path / "in.jsonl")
+    common = TINY + FAST + [f"--gin.INPUT_FILE='{inputs}'", "--gin.COMPILATION_CACHE_DIR=None"]
+    common += ["--gin.BATCH_SIZE=2"]
+    infer.main(common + [f"--gin.OUTPUT_DIR='{tmp_path / 'one'}'"])
+    expected = (tmp_path / "one" / "predictions.jsonl").read_text().splitlines()
+    out = tmp_path / "two"
+    mesh = [
+        "--gin.PARTITIONER=@partitioning.create_partitioner()",
+        "--gin.partitioning.create_partitioner.data=2",
+        "--gin.partitioning.create_partitioner.model=2",
+        "--gin.DISTRIBUTED=True",
+        "--gin.distributed.initialize.num_processes=2",
+    ]
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "JAX_PLATFORMS": "cpu",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    }
+
+    def run_both():
+        address = f"--gin.distributed.initialize.coordinator_address='localhost:{_free_port()}'"
+        cmd = [sys.executable, "-m", "speculative.infer", *common, *mesh, address]
+        cmd += [f"--gin.OUTPUT_DIR='{out}'"]
+        procs = [
+            subprocess.Popen(
+                cmd + [f"--gin.distributed.initialize.process_id={i}"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(x[-3000:] for x in logs)
+        return logs
+
+    logs = run_both()
+    assert "wrote" in logs[0] and "wrote" not in logs[1]  # process 0 alone writes
+    rows = (out / "predictions.jsonl").read_text().splitlines()
+    assert rows == expected
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partitioner"] == {"mesh": {"data": 2, "model": 2}, "processes": 2}
+    (out / "predictions.jsonl").write_text("\n".join(rows[:2]) + "\n")  # batch 1 lost
+    logs = run_both()
+    assert "2 already in" in logs[0]
+    assert (out / "predictions.jsonl").read_text().splitlines() == expected
 
 
 def test_a_host_other_than_0_decodes_but_writes_nothing(tmp_path, monkeypatch):
