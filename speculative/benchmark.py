@@ -487,6 +487,7 @@ def print_memory(setup: Setup, cfg: BenchmarkConfig) -> None:
             max_decode_len=cfg.feature_lengths["targets"],
             gamma=gamma,
             param_dtype=_param_dtype(setup.target),
+            mesh_shape=None if cfg.partitioner is None else cfg.partitioner.mesh_shape,
         )
         print(f"batch {batch_size}, gamma {gamma}: {report}")
 

@@ -557,6 +557,7 @@ def memory_report(cfg: InferConfig, models: Models, ids: Sequence[Sequence[int]]
         max_decode_len=cfg.feature_lengths["targets"],
         gamma=cfg.gamma if cfg.speculative else 0,
         param_dtype=jax.tree.leaves(models.target.params)[0].dtype,
+        mesh_shape=None if cfg.partitioner is None else cfg.partitioner.mesh_shape,
     )
 
 
