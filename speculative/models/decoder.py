@@ -16,6 +16,7 @@ Parameter tree (E = emb_dim, H = num_heads, K = num_kv_heads, D = head_dim, M = 
     layers_{i}/mlp/wo/kernel                        [E, M]
     decoder_norm/scale                              [E]
     logits_dense/kernel                             [V, E]      (absent when tie_word_embeddings)
+    logits_dense/{kernel [S, E], token_ids [S]}                 (a shortlist head, head_tokens = S)
 
 Kernels are stored output-major, [out..., in...] (the layout of PyTorch's Linear and of GGUF), the
 transpose of T5X's [in..., out...]: every projection contracts the kernel's LAST axes. XLA:CPU streams
@@ -32,6 +33,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative.models import base
 from speculative.models.base import DecodeState
@@ -53,11 +55,19 @@ class DecoderConfig:
     max_seq_len: int = 4096  # model context: prompt + generated tokens must fit
     dtype: str = "float32"  # activations and KV cache; logits and softmax are always float32
     embedding_init_std: float = 1.0
+    # > 0: the output head scores only this many tokens (a draft's shortlist, `restrict_head`);
+    # every other token gets logit -inf. 0: the whole vocabulary.
+    head_tokens: int = 0
 
     def __post_init__(self):
         base.require_positive(
             self, ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")
         )
+        if not 0 <= self.head_tokens <= self.vocab_size:
+            raise ValueError(
+                f"DecoderConfig.head_tokens must be in [0, vocab_size={self.vocab_size}], "
+                f"got {self.head_tokens}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of "
@@ -202,7 +212,9 @@ class DecoderStack(nn.Module):
                 x, positions, cache[name], index, mask
             )
         x = RMSNorm(cfg.norm_eps, dtype, name="decoder_norm")(x).astype(jnp.float32)
-        if cfg.tie_word_embeddings:
+        if cfg.head_tokens:
+            logits = ShortlistHead(cfg.vocab_size, cfg.head_tokens, name="logits_dense")(x)
+        elif cfg.tie_word_embeddings:
             # An einsum contracting the table's last axis: Flax's attend (x @ table.T) made XLA:CPU
             # copy the transposed [E, V] table on every draft step inside the nested decode loop.
             logits = base.dense(x, embedder.embedding)
@@ -220,6 +232,67 @@ class LogitsDense(nn.Module):
             self, "kernel", (self.vocab_size, x.shape[-1]), ("vocab", "embed"), x.shape[-1] ** -0.5
         )
         return base.dense(x, kernel.astype(jnp.float32))
+
+
+class ShortlistHead(nn.Module):
+    """An output head over `head_tokens` of the vocabulary's ids (`token_ids`, sorted); the other
+    ids get logit -inf, so the distribution a draft samples from is exactly zero there.
+
+    A draft's head reads a [V, E] table on every step (a quarter of Qwen2.5-0.5B's streamed
+    bytes); keeping the tokens a domain uses cuts the draft's cost c. Any q is exact under the
+    acceptance rule (docs/design.md §6): a token outside the shortlist is never proposed, and the
+    residual max(0, p - q) gives it the target's full probability.
+    x [B, L, E] -> logits [B, L, V] float32.
+    """
+
+    vocab_size: int
+    head_tokens: int
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = _param(
+            self, "kernel", (self.head_tokens, x.shape[-1]), ("vocab", "embed"), x.shape[-1] ** -0.5
+        )
+        token_ids = self.param(
+            "token_ids",
+            nn.with_logical_partitioning(
+                lambda _, shape: jnp.arange(shape[0], dtype=jnp.int32), ("vocab",)
+            ),
+            (self.head_tokens,),
+        )
+        scores = base.dense(x, kernel.astype(jnp.float32))
+        logits = jnp.full((*x.shape[:-1], self.vocab_size), -jnp.inf, jnp.float32)
+        return logits.at[..., token_ids].set(scores, unique_indices=True, indices_are_sorted=True)
+
+
+def restrict_head(
+    config: DecoderConfig, params: base.Params, token_ids: Any
+) -> tuple[DecoderConfig, base.Params]:
+    """A copy of a DecoderLM whose output head scores only `token_ids` (the rest: logit -inf).
+
+    token_ids: ids in [0, vocab_size); duplicates are dropped and the ids sorted. The head's rows
+    are the untied head's (or, when tied, the embedding table's) rows of those ids; every other
+    parameter array is shared with `params`, not copied. Returns (config, params) for
+    `DecoderLM(config)`, with head_tokens = the number of distinct ids.
+    """
+    ids = np.unique(np.asarray(token_ids, dtype=np.int64))
+    if ids.size == 0 or ids[0] < 0 or ids[-1] >= config.vocab_size:
+        raise ValueError(
+            f"shortlist ids must be a non-empty set within [0, {config.vocab_size}), got "
+            f"{ids.size} ids in [{ids.min(initial=0)}, {ids.max(initial=0)}]"
+        )
+    if config.head_tokens:
+        raise ValueError("the model's head is already a shortlist; restrict the full model")
+    table = (
+        params["token_embedder"]["embedding"]
+        if config.tie_word_embeddings
+        else params["logits_dense"]["kernel"]
+    )
+    ids = ids.astype(np.int32)
+    restricted = dict(params)
+    restricted["logits_dense"] = {"kernel": jnp.asarray(table)[ids], "token_ids": jnp.asarray(ids)}
+    new_config = dataclasses.replace(config, tie_word_embeddings=False, head_tokens=int(ids.size))
+    return new_config, restricted
 
 
 class DecoderLM(base.ConfiguredModel):
