@@ -9,13 +9,17 @@ this module in a subprocess (tests/test_job_spmd.py); by hand:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
 import jax
 import pytest
 
-from speculative import benchmark, gin_flags, infer, job_spmd, partitioning
+from speculative import benchmark, gin_flags, infer, job_spmd, partitioning, sharded_checkpoints
+from speculative import model_loading as ml
+from speculative.models import t5
+from tests import helpers
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 8,
@@ -95,6 +99,53 @@ def test_a_mesh_that_does_not_divide_the_model_is_a_one_line_error(inputs, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: target: mesh: DecoderLM: ") and "\n" not in err
     assert "is not divisible by the 'model' mesh axis of size 8" in err
+
+
+T5_GIN = """
+TARGET_FORMAT = 't5x'
+TARGET_CHECKPOINT = '{path}'
+TARGET_MODEL = @target/t5.T5()
+target/t5.T5.config = @target/t5.T5Config()
+target/t5.T5Config:
+  vocab_size = 264
+  emb_dim = 32
+  num_heads = 4
+  num_encoder_layers = 1
+  num_decoder_layers = 1
+  head_dim = 8
+  mlp_dim = 64
+  mlp_activations = ('gelu', 'linear')
+  logits_via_embedding = False
+"""
+
+
+def test_t5x_target_is_read_per_shard_with_the_unsharded_tokens(inputs, tmp_path, monkeypatch):
+    from tests.test_t5_checkpoints import write_t5x_checkpoint
+
+    config = helpers.tiny_t5_config(264, emb=32, heads=4, encoder_layers=1, decoder_layers=1)
+    model = t5.T5(dataclasses.replace(config, mlp_dim=64))  # as T5_GIN binds it
+    write_t5x_checkpoint(str(tmp_path / "ckpt"), jax.jit(model.init_params)(jax.random.PRNGKey(3)))
+    models = tmp_path / "t5.gin"
+    models.write_text(T5_GIN.format(path=tmp_path / "ckpt"))
+    common = ["--gin.BATCH_SIZE=4", f"--gin_file={models}", "--gin.SPECULATIVE=False"]
+    infer.main(_flags(inputs, tmp_path / "whole", *common))
+    reads = []
+    original = sharded_checkpoints.read_slice
+
+    def recording_read(source, index, version):
+        out = original(source, index, version)
+        reads.append(out.size)
+        return out
+
+    def never_whole(*args, **kwargs):
+        raise AssertionError("a T5X checkpoint was loaded whole on a mesh")
+
+    monkeypatch.setattr(sharded_checkpoints, "read_slice", recording_read)
+    monkeypatch.setattr(ml.checkpoints, "load_t5x", never_whole)
+    infer.main(_flags(inputs, tmp_path / "sharded", *common, *_mesh(2, 4)))
+    assert 264 * 32 // 4 in reads and 264 * 32 not in reads  # the embedding, a quarter at a time
+    whole, sharded = _rows(tmp_path / "whole"), _rows(tmp_path / "sharded")
+    assert [r["output_ids"] for r in sharded] == [r["output_ids"] for r in whole]
 
 
 def test_benchmark_on_a_mesh_matches_plain_greedy(inputs, tmp_path):
