@@ -44,7 +44,7 @@ class InferConfig:
     multi_host: the job runs on every host of a pod slice (`distributed.initialize`); each host
       feeds its rows of each batch, process 0 alone writes the outputs. Needs a partitioner.
     compilation_cache_dir: JAX's persistent compilation cache: 'auto' (<parent of output_dir>/
-      jax_cache), a directory, or None / '' (off).
+      jax_cache; configs/runs/*.gin bind it), a directory, or None / '' (off, the default here).
     """
 
     target: Any = gin.REQUIRED
