@@ -149,59 +149,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_on_cpu_write_the_single_process_rows_once(tmp_path, monkeypatch):
-    """A real two-host run on XLA:CPU (gloo collectives), 2 devices each, a 2x2 mesh; then a
-    resume after the last batch's rows are lost."""
+def test_two_processes_on_cpu_resume_a_job_and_write_its_rows_once(tmp_path, monkeypatch):
+    """A real two-host run on XLA:CPU (gloo collectives), 2 devices each, a 2x2 mesh, resuming a
+    job whose first batch a single-process run wrote: host 0 reads what is done, both hosts
+    decode the rest, and host 0 alone writes it."""
     monkeypatch.chdir(ROOT)
     inputs = _write_inputs(tmp_path / "in.jsonl")
     common = TINY + FAST + [f"--gin.INPUT_FILE='{inputs}'", "--gin.COMPILATION_CACHE_DIR=None"]
     common += ["--gin.BATCH_SIZE=2"]
-    infer.main(common + [f"--gin.OUTPUT_DIR='{tmp_path / 'one'}'"])
-    expected = (tmp_path / "one" / "predictions.jsonl").read_text().splitlines()
-    out = tmp_path / "two"
-    mesh = [
-        "--gin.PARTITIONER=@partitioning.create_partitioner()",
-        "--gin.partitioning.create_partitioner.data=2",
-        "--gin.partitioning.create_partitioner.model=2",
-        "--gin.DISTRIBUTED=True",
-        "--gin.distributed.initialize.num_processes=2",
-    ]
+    one, out = tmp_path / "one", tmp_path / "two"
+    infer.main(common + [f"--gin.OUTPUT_DIR='{one}'"])
+    expected = (one / "predictions.jsonl").read_text().splitlines()
+    out.mkdir()
+    (out / "job.json").write_text((one / "job.json").read_text())
+    (out / "predictions.jsonl").write_text("\n".join(expected[:2]) + "\n")  # batch 0 of 2
     env = {
         **os.environ,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
         "JAX_PLATFORMS": "cpu",
         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
     }
-
-    def run_both():
-        address = f"--gin.distributed.initialize.coordinator_address='localhost:{_free_port()}'"
-        cmd = [sys.executable, "-m", "speculative.infer", *common, *mesh, address]
-        cmd += [f"--gin.OUTPUT_DIR='{out}'"]
-        procs = [
-            subprocess.Popen(
-                cmd + [f"--gin.distributed.initialize.process_id={i}"],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for i in range(2)
-        ]
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(x[-3000:] for x in logs)
-        return logs
-
-    logs = run_both()
+    cmd = [sys.executable, "-m", "speculative.infer", *common, f"--gin.OUTPUT_DIR='{out}'"]
+    cmd += [
+        "--gin.PARTITIONER=@partitioning.create_partitioner()",
+        "--gin.partitioning.create_partitioner.data=2",
+        "--gin.partitioning.create_partitioner.model=2",
+        "--gin.DISTRIBUTED=True",
+        "--gin.distributed.initialize.num_processes=2",
+        f"--gin.distributed.initialize.coordinator_address='localhost:{_free_port()}'",
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd + [f"--gin.distributed.initialize.process_id={i}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(x[-3000:] for x in logs)
+    assert "2 already in" in logs[0] and "1 batches of 2 to decode" in logs[1]  # host 0's plan
     assert "wrote" in logs[0] and "wrote" not in logs[1]  # process 0 alone writes
-    rows = (out / "predictions.jsonl").read_text().splitlines()
-    assert rows == expected
+    assert (out / "predictions.jsonl").read_text().splitlines() == expected
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partitioner"] == {"mesh": {"data": 2, "model": 2}, "processes": 2}
-    (out / "predictions.jsonl").write_text("\n".join(rows[:2]) + "\n")  # batch 1 lost
-    logs = run_both()
-    assert "2 already in" in logs[0]
-    assert (out / "predictions.jsonl").read_text().splitlines() == expected
+    assert summary["examples"] == 3 and summary["this_run"]["decoded_examples"] == 1
 
 
 def test_a_host_other_than_0_decodes_but_writes_nothing(tmp_path, monkeypatch):
