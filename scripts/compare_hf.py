@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints, decoding, fetch, inputs, runner, timing, vocab
+from speculative.drafts import shortlist
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 
@@ -45,13 +46,22 @@ def _parse_range(text: str) -> range:
 class Ours:
     """Our plain and speculative programs, compiled once for a fixed prompt width."""
 
-    def __init__(self, target_path, draft_path, width, args):
+    def __init__(self, target_path, draft_path, width, args, prompts):
         start = time.perf_counter()
         t_cfg, self.t_params = checkpoints.load_gguf(target_path)
-        d_cfg, self.d_params = checkpoints.load_gguf(draft_path)
-        self.target, self.draft = decoder.DecoderLM(t_cfg), decoder.DecoderLM(d_cfg)
+        d_cfg, d_params = checkpoints.load_gguf(draft_path)
+        self.target = decoder.DecoderLM(t_cfg)
         self.vocab = vocab.from_gguf(target_path)
         vocab.check_compatible(vocab.from_gguf(draft_path), self.vocab)
+        # draft shortlist size -> (draft model, params); 0 is the full head
+        self.drafts = {}
+        for size in args.draft_shortlists:
+            if size:
+                ids = shortlist.for_prompts(self.vocab, size, prompts, vocab_size=t_cfg.vocab_size)
+                config, params = decoder.restrict_head(d_cfg, d_params, ids)
+                self.drafts[size] = (decoder.DecoderLM(config), params)
+            else:
+                self.drafts[size] = (decoder.DecoderLM(d_cfg), d_params)
         self.load_s = time.perf_counter() - start
         self.width, self.args = width, args
         self.compiled: dict[Any, Any] = {}
@@ -60,14 +70,15 @@ class Ours:
     def batch(self, ids):
         return inputs.decoder_batch([ids], pad_to=self.width)
 
-    def run(self, name, gamma, ids, sampling, seed):
+    def run(self, name, program, ids, sampling, seed):
+        gamma, short = program if program is not None else (None, None)
         config = decoding.DecodeConfig(
             self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma
         )
         batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
         key = (name, config)
         if key not in self.compiled:  # compile once per program, warm up once, both untimed
-            draft = (self.draft, self.d_params) if gamma is not None else (None, None)
+            draft = self.drafts[short] if gamma is not None else (None, None)
             program = runner.Decoder(self.target, self.t_params, config, *draft)
             self.compiled[key], seconds = program.compile(batch, rng)
             self.compile_s[name] = self.compile_s.get(name, 0.0) + seconds
@@ -171,7 +182,7 @@ def run(args) -> dict[str, Any]:
             raise SystemExit(f"HumanEval/{i}: our tokenizer and transformers' disagree")
         prompts.append(ids)
     width = inputs.bucket(max(len(p) for p in prompts), 4096)
-    ours = Ours(target_path, draft_path, width, args)
+    ours = Ours(target_path, draft_path, width, args, prompts)
     stop_ids = vocab.stop_ids(ours.vocab)
     print(
         f"loaded: ours {ours.load_s:.0f}s, transformers {hf.load_s:.0f}s (apart); "
@@ -180,7 +191,11 @@ def run(args) -> dict[str, Any]:
     )
 
     programs: list[tuple[str, str, Any]] = [("ours plain", "ours", None)]
-    programs += [(f"ours speculative gamma {g}", "ours", g) for g in args.gammas]
+    programs += [
+        (f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else ""), "ours", (g, s))
+        for s in args.draft_shortlists
+        for g in args.gammas
+    ]
     programs += [("hf plain", "hf", None), ("hf assisted default", "hf", "default")]
     programs += [(f"hf assisted {n}", "hf", n) for n in args.hf_assistant_tokens]
     cells = []
@@ -294,6 +309,13 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gammas", type=int, nargs="+", default=[5])
+    parser.add_argument(
+        "--draft_shortlists",
+        type=int,
+        nargs="+",
+        default=[0, 32768],
+        help="our draft's head: 0 = all ids, N = a shortlist of N (drafts/shortlist.py)",
+    )
     parser.add_argument("--hf_assistant_tokens", type=int, nargs="+", default=[3, 5, 8])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/compare_hf")

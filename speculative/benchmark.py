@@ -135,6 +135,7 @@ def load(cfg: BenchmarkConfig) -> Setup:
     if truncated:
         print(f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}")
     ids = [e.ids for e in encoded]
+    draft = ml.with_shortlist(draft, cfg.draft, vocabulary, ids)
     width = inputs.bucket(max(len(x) for x in ids), cap)
     stop_ids = vocab.stop_ids(vocabulary)
     return Setup(target, draft, stop_ids, len(examples), ids, width, truncated, padding)

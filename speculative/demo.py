@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints, decoding, fetch, inputs, metrics, runner, timing, vocab
+from speculative.drafts import shortlist
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 
@@ -40,6 +41,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument(
+        "--draft_shortlist",
+        type=int,
+        default=32768,
+        help="draft head scores only this many ids (Python stdlib counts + the prompts' ids); 0: all",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/demo.json")
     return parser.parse_args(argv)
@@ -66,6 +73,20 @@ def load(name: str) -> Model:
         f"in {time.perf_counter() - start:.1f}s"
     )
     return Model(name, decoder.DecoderLM(config), params, vocab.from_gguf(path))
+
+
+def with_shortlist(draft: Model, size: int, examples: Sequence[inputs.Example]) -> Model:
+    """The draft with a shortlist head of `size` ids (`drafts.shortlist.for_prompts`); exact,
+    and cheaper per step. size 0: the draft unchanged."""
+    if not size:
+        return draft
+    prompts = inputs.tokenize(examples, draft.vocabulary, encoder_decoder=False)
+    ids = shortlist.for_prompts(draft.vocabulary, size, prompts, vocab_size=draft.model.vocab_size)
+    config, params = decoder.restrict_head(draft.model.config, draft.params, ids)
+    print(f"draft head: {len(ids)} of {draft.model.vocab_size} ids (Python stdlib + the prompts)")
+    return Model(
+        f"{draft.name} (shortlist {len(ids)})", decoder.DecoderLM(config), params, draft.vocabulary
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -193,6 +214,7 @@ def result_json(
     return {
         "target": args.target,
         "draft": args.draft,
+        "draft_shortlist": args.draft_shortlist,
         "batch_size": args.batch_size,
         "gamma": gamma,
         "sampling": dataclasses.asdict(config.sampling),
@@ -220,7 +242,8 @@ def result_json(
 def print_result(r: dict[str, Any]) -> None:
     gamma = r["gamma"]
     print(
-        f"\n{r['target']} <- draft {r['draft']}: {r['tokens']} tokens, batch {r['batch_size']}, gamma {gamma}"
+        f"\n{r['target']} <- draft {r['draft']} (head shortlist: {r['draft_shortlist'] or 'off'}): "
+        f"{r['tokens']} tokens, batch {r['batch_size']}, gamma {gamma}"
     )
     print(
         f"alpha {r['alpha']:.3f}   tau {r['tau']:.2f} tokens/target call   c {r['c']:.3f} "
@@ -250,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     target, draft = load(args.target), load(args.draft)
     vocab.check_compatible(draft.vocabulary, target.vocabulary)
     examples = inputs.read_examples("humaneval", limit=args.prompts)
+    draft = with_shortlist(draft, args.draft_shortlist, examples)
     config = decoding.DecodeConfig(
         args.max_decode_len, target.vocabulary.stop_ids, sampling, args.gamma
     )

@@ -524,6 +524,9 @@ def run_locked(
         models = load_models(cfg, vocabulary)
         padding = models.vocab_padding
         ids = [e.ids for e in encoded]
+        if models.draft is not None:  # a shortlist head is fitted to every prompt of the job
+            draft = ml.with_shortlist(models.draft, cfg.draft, vocabulary, ids)
+            models = dataclasses.replace(models, draft=draft)
         check_context(models, ids, config.max_decode_len)
         print(memory_report(cfg, models, ids))
         decoder = models.decoder(config, cfg.partitioner)

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import time
 import zipfile
+from collections.abc import Sequence
 from typing import Any
 
 import gin
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, sharded_checkpoints, vocab
-from speculative.drafts import layer_skip, ngram, prompt_lookup
+from speculative.drafts import layer_skip, ngram, prompt_lookup, shortlist
 from speculative.errors import JobError, strip_path
 from speculative.models import decoder, t5
 from speculative.models.base import DecodeState, LanguageModel, Params
@@ -49,6 +50,10 @@ class ModelSpec:
     model: Any = None
     dtype: str = "float32"
     seed: int = 0
+    # A draft's output head over this many ids (`drafts.shortlist.for_prompts`: the Python
+    # standard library's most frequent ids plus the job's prompt ids and stop ids); 0: all ids.
+    # Exact, and a cheaper draft step; decoder-only drafts (`models.decoder.restrict_head`).
+    shortlist: int = 0
 
 
 @gin.configurable(module="speculative")
@@ -196,10 +201,11 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
     loudly."""
     if isinstance(spec, DraftSpec):
         return describe_draft(spec)
+    head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
     if spec.format == "random":
-        return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}"
+        return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}{head}"
     extra = f" as {spec.model!r}" if spec.model is not None else ""
-    return f"{spec.format}:{spec.path} ({spec.dtype}){extra}"
+    return f"{spec.format}:{spec.path} ({spec.dtype}){extra}{head}"
 
 
 def describe_draft(spec: DraftSpec) -> str:
@@ -209,6 +215,40 @@ def describe_draft(spec: DraftSpec) -> str:
     if spec.kind == "layer_skip":
         return f"layer_skip (the target's first {spec.num_layers} layer(s))"
     return f"{spec.kind} (tables {spec.tables})"
+
+
+def with_shortlist(
+    draft: Loaded,
+    spec: Any,
+    vocabulary: vocab.Vocabulary,
+    prompts: Sequence[Sequence[int]],
+    role: str = "draft",
+) -> Loaded:
+    """`draft` with the shortlist head its ModelSpec asks for (`ModelSpec.shortlist` ids, the
+    prompts' ids among them); unchanged when the spec asks for none or is not a ModelSpec."""
+    size = getattr(spec, "shortlist", 0) if isinstance(spec, ModelSpec) else 0
+    if not size:
+        return draft
+    model, wrapper = draft.model, None
+    if isinstance(model, PaddingMasked):
+        model, wrapper = model.model, model
+    if type(model) is not decoder.DecoderLM:  # noqa: E721
+        raise JobError(
+            f"shortlist needs a decoder-only draft, got {type(model).__name__}", role=role
+        )
+    if not 1 <= size <= model.vocab_size:
+        raise JobError(f"shortlist must be in 1..{model.vocab_size}, got {size}", role=role)
+    try:
+        ids = shortlist.for_prompts(vocabulary, size, prompts, vocab_size=model.vocab_size)
+        config, params = decoder.restrict_head(model.config, draft.params, ids)
+    except ValueError as e:
+        raise JobError(f"shortlist: {e}", role=role) from e
+    restricted: Any = decoder.DecoderLM(config)
+    if wrapper is not None:
+        restricted = dataclasses.replace(wrapper, model=restricted)
+    print(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
+    description = f"{draft.description}, head shortlist {len(ids)}"
+    return Loaded(restricted, params, description)
 
 
 def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:

@@ -93,6 +93,16 @@ def test_each_draft_kind_gives_plain_greedy_tokens(tmp_path, kind, extra):
     assert summary["exact"] is True and kind.split("_")[0] in summary["draft"]
 
 
+def test_shortlist_draft_gives_plain_greedy_tokens(tmp_path, capsys):
+    plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
+    rows, summary = _infer(tmp_path, "shortlist", "--gin.DRAFT_SHORTLIST=40")
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
+    assert "head shortlist 40" in summary["draft"]
+    assert "output head over 40 of 264 ids" in capsys.readouterr().out
+    with pytest.raises(JobError, match="^draft: shortlist must be in 1..264, got 300$"):
+        _infer(tmp_path, "too_big", "--gin.DRAFT_SHORTLIST=300")
+
+
 def test_lenience_below_one_labels_rows_and_summary_lossy(tmp_path, capsys):
     flags = _draft("prompt_lookup", "--gin.LENIENCE=0.5", "--gin.TEMPERATURE=1.0")
     rows, summary = _infer(tmp_path, "lenient", *flags)

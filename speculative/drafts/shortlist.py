@@ -8,7 +8,7 @@ shortlist, and the rejection rule's residual gives those ids the target's probab
 (docs/design.md §6). What the shortlist costs is acceptance when the target wants a token it
 lacks.
 
-    ids = shortlist.fit_python_sources(vocabulary, size=32768, always=vocabulary.stop_ids())
+    ids = shortlist.for_prompts(vocabulary, 32768, prompts)   # + the prompts' ids, stop ids
     config, params = decoder.restrict_head(config, params, ids)
 
 The Python corpus is the interpreter's own standard library (sorted paths, first `max_bytes`),
@@ -87,3 +87,19 @@ def fit_python_sources(
     width = vocab_size if vocab_size is not None else vocab_lib.used_size(vocabulary)
     sequences = [vocabulary.encode(text) for text in python_sources(max_bytes)]
     return most_frequent(sequences, size, width, always)
+
+
+def for_prompts(
+    vocabulary: vocab_lib.Vocabulary,
+    size: int,
+    prompts: Iterable[Sequence[int]],
+    max_bytes: int = 8 << 20,
+    vocab_size: int | None = None,
+) -> np.ndarray:
+    """A job's shortlist: the standard library's most frequent ids, with every id of the job's
+    prompts and the vocabulary's stop ids forced in (identifiers a prompt defines are the tokens
+    a completion reuses most; its inputs are known before decoding starts)."""
+    forced = set(vocab_lib.stop_ids(vocabulary))
+    for ids in prompts:
+        forced.update(int(t) for t in ids)
+    return fit_python_sources(vocabulary, size, forced, max_bytes, vocab_size)
