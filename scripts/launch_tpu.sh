@@ -11,6 +11,8 @@
 #
 # Settings (environment variables, defaults in brackets):
 #   TPU_NAME [speculative], ZONE [us-central2-b], ACCELERATOR [v4-8], RUNTIME [tpu-ubuntu2204-base]
+#   WORKERS [0]                  which hosts run each command: 0 on a single-host slice, `all` on a
+#                                pod slice (every host runs the same job; add DISTRIBUTED=True)
 #   REMOTE_DIR [~/speculative]   where the repository is copied on the VM
 #   TFDS_DATA_DIR                TFDS data (gs://...) for the seqio tasks of configs/paper
 #   OUTPUT_ROOT                  VM-local directory under which the paper runs write their outputs
@@ -28,9 +30,23 @@
 #     --gin.DRAFT_CHECKPOINT="'gs://my-bucket/t5_1_1_small_ende/checkpoint_1010000'" \
 #     --gin.OUTPUT_DIR="'/home/$USER/out/ende_t0_small'"
 #
+# Pod slice (e.g. a v4-32: 4 hosts x 4 chips), every host running the same command:
+#   ACCELERATOR=v4-32 scripts/launch_tpu.sh create
+#   WORKERS=all scripts/launch_tpu.sh setup
+#   WORKERS=all scripts/launch_tpu.sh infer --gin_file=configs/paper/ende_t0_small.gin \
+#     --gin.TARGET_CHECKPOINT="'gs://my-bucket/t5_1_1_xxl_ende/checkpoint_1010000'" \
+#     --gin.DRAFT_CHECKPOINT="'gs://my-bucket/t5_1_1_small_ende/checkpoint_1010000'" \
+#     --gin.OUTPUT_DIR="'/home/$USER/out/ende_t0_small'" \
+#     --gin.PARTITIONER=@partitioning.create_partitioner\(\) \
+#     --gin.partitioning.create_partitioner.data=4 --gin.partitioning.create_partitioner.model=4 \
+#     --gin.BATCH_SIZE=4 --gin.DISTRIBUTED=True
+# which runs, on every worker:
+#   gcloud compute tpus tpu-vm ssh $TPU_NAME --zone=$ZONE --worker=all \
+#     --command="cd ~/speculative && python3 -m speculative.infer ..."
+#
 # Notes:
-# - The jobs run one process on one host: use a single-host slice (v4-8, v5litepod-8, v5p-8, ...).
-#   On multi-host slices every host would run its own copy of the job.
+# - With DISTRIBUTED=True each host feeds only its rows of every batch and host 0 alone writes
+#   OUTPUT_DIR (and resumes from it); without it, use WORKERS=0 on a single-host slice.
 # - OUTPUT_DIR is written with local file I/O: point it at the VM's disk (or a gcsfuse mount), then
 #   copy the results out with `gcloud compute tpus tpu-vm scp`. A job restarted with the same
 #   OUTPUT_DIR resumes where it stopped (e.g. after a preemption).
@@ -43,6 +59,7 @@ ZONE="${ZONE:-us-central2-b}"
 ACCELERATOR="${ACCELERATOR:-v4-8}"
 RUNTIME="${RUNTIME:-tpu-ubuntu2204-base}"
 REMOTE_DIR="${REMOTE_DIR:-~/speculative}"
+WORKERS="${WORKERS:-0}"
 
 run() {
   if [[ "${DRY_RUN:-0}" == "1" ]]; then
@@ -58,7 +75,7 @@ on_vm() {  # on_vm COMMAND: run a shell command on the VM, in the repository
   if [[ -n "${TFDS_DATA_DIR:-}" ]]; then
     env_prefix="TFDS_DATA_DIR=$(printf '%q' "$TFDS_DATA_DIR") "
   fi
-  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker=0 \
+  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker="$WORKERS" \
     --command="cd $REMOTE_DIR && ${env_prefix}$1"
 }
 
@@ -84,9 +101,9 @@ case "$command" in
       --accelerator-type="$ACCELERATOR" --version="$RUNTIME"
     ;;
   setup)
-    run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker=0 \
+    run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker="$WORKERS" \
       --command="mkdir -p $REMOTE_DIR"
-    run gcloud compute tpus tpu-vm scp --recurse --zone="$ZONE" --worker=0 \
+    run gcloud compute tpus tpu-vm scp --recurse --zone="$ZONE" --worker="$WORKERS" \
       setup.py pyproject.toml README.md speculative configs scripts "$TPU_NAME:$REMOTE_DIR/"
     on_vm "python3 -m pip install -U 'jax[tpu]' && python3 -m pip install -e '.[seqio]'"
     ;;
@@ -120,7 +137,7 @@ case "$command" in
     run gcloud compute tpus tpu-vm delete "$TPU_NAME" --zone="$ZONE" --quiet
     ;;
   *)
-    sed -n '2,14p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac
