@@ -8,7 +8,9 @@ in cache), a one-row product per dtype and formulation, as ms and GB/s of weight
 
 - `dot`: `lax.dot_general` on the stored dtype (bf16 / f16 x bf16 / f16, float32 accumulation);
 - `upcast-reduce`: the weight converted to float32 inside an elementwise-multiply-and-reduce
-  fusion (no float32 copy materialised), for bf16 / f16 / int8.
+  fusion (no float32 copy materialised), for bf16 / f16 / int8;
+- `int8-dot`: the activation row quantised to int8 on the fly, an int8 x int8 dot accumulating in
+  int32, then rescaled (dynamic quantisation, as int8 CPU inference runtimes do).
 
     python scripts/probe_weight_dtypes.py --out benchmarks/weight_dtypes.json
 """
@@ -38,9 +40,18 @@ def _upcast_reduce(w, x):
     return jnp.sum(w.astype(jnp.float32) * x[0][None, :], axis=1)
 
 
+def _int8_dot(w, x):
+    # Dynamic quantisation of the activation row to int8, an s8 x s8 -> s32 dot, then the scale.
+    scale = jnp.max(jnp.abs(x[0])) / 127.0
+    q = jnp.round(x[0] / scale).astype(jnp.int8)
+    dims = (((1,), (0,)), ((), ()))
+    acc = jax.lax.dot_general(w, q, dims, preferred_element_type=jnp.int32)
+    return acc.astype(jnp.float32) * scale
+
+
 def measure(dtype: str, formulation: str, repeats: int = 10) -> dict:
     """Median ms of one product over every matrix, and the weight bytes per second it implies."""
-    fn = {"dot": _dot, "upcast-reduce": _upcast_reduce}[formulation]
+    fn = {"dot": _dot, "upcast-reduce": _upcast_reduce, "int8-dot": _int8_dot}[formulation]
     rng = np.random.default_rng(0)
     weights = [
         jnp.asarray(rng.standard_normal((ROWS, COLS), np.float32)).astype(dtype)
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ("bfloat16", "upcast-reduce"),
         ("float16", "upcast-reduce"),
         ("int8", "upcast-reduce"),
+        ("int8", "int8-dot"),
     ]
     rows = [measure(dtype, formulation) for dtype, formulation in cases]
     f32 = rows[0]["ms"]
