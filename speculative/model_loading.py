@@ -247,8 +247,7 @@ def with_shortlist(
     if wrapper is not None:
         restricted = dataclasses.replace(wrapper, model=restricted)
     print(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
-    description = f"{draft.description}, head shortlist {len(ids)}"
-    return Loaded(restricted, params, description)
+    return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
 
 
 def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
@@ -284,6 +283,16 @@ def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
     order = 1 if spec.kind == "unigram" else 2
     print(f"{role}: {describe_draft(spec)}")
     return Loaded(ngram.NgramDrafter(vocab_size, order), tables, describe_draft(spec))
+
+
+def with_dtype(model: Any, dtype: str) -> Any:
+    """`model` computing in `dtype`: ModelSpec.dtype is the one knob for weights, activations and
+    caches (a GGUF or HF config is built with it already). Logits and probabilities stay float32
+    whatever it is (docs/design.md §1)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "dtype", dtype) == dtype:
+        return model
+    return type(model)(dataclasses.replace(config, dtype=jnp.dtype(dtype).name))
 
 
 def _cast(params: Any, dtype: Any) -> Any:
@@ -327,7 +336,7 @@ def _read_sharded(spec: ModelSpec, role: str, partitioner: Any) -> tuple[Languag
         params = sharded_checkpoints.load_t5x_sharded(
             spec.path, spec.model.config, partitioner, place_role, dtype
         )
-        return spec.model, params
+        return with_dtype(spec.model, spec.dtype), params
     model, params = _read_weights(spec, role)
     _check_mesh(partitioner, model, place_role, role)
     return model, partitioner.place_params(model, params, place_role)
@@ -344,7 +353,7 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
     """(model, params) of a validated spec, by its format."""
     dtype = jnp.dtype(spec.dtype)
     if spec.format == "random":
-        model = spec.model
+        model = with_dtype(spec.model, spec.dtype)
         return model, _cast(model.init_params(jax.random.PRNGKey(spec.seed)), dtype)
     if spec.format == "gguf":
         config, params = checkpoints.load_gguf(_gguf_path(role, spec.path), dtype=dtype)
@@ -352,7 +361,8 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
     if spec.format == "hf_t5":
         config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
         return t5.T5(config), params
-    return spec.model, checkpoints.load_t5x(spec.path, spec.model.config, dtype=dtype)
+    params = checkpoints.load_t5x(spec.path, spec.model.config, dtype=dtype)
+    return with_dtype(spec.model, spec.dtype), params
 
 
 def _local_copy(path: str) -> str:
