@@ -165,8 +165,12 @@ def test_paper_rows(key, gamma):
     xxl = _isolated_model("configs/models/t5_1_1/xxl.gin").config
     draft_size = _isolated_model(f"configs/models/t5_1_1/{size}.gin").config
     gin.clear_config()
-    assert cfg.target.model.config == dataclasses.replace(xxl, dtype="bfloat16")
-    assert cfg.draft.model.config == dataclasses.replace(draft_size, dtype="bfloat16")
+    # DTYPE, the one dtype knob, makes weights and activations bfloat16 when the models load
+    assert cfg.target.dtype == cfg.draft.dtype == "bfloat16"
+    target = model_loading.with_dtype(cfg.target.model, cfg.target.dtype)
+    assert target.config == dataclasses.replace(xxl, dtype="bfloat16")
+    draft = model_loading.with_dtype(cfg.draft.model, cfg.draft.dtype)
+    assert draft.config == dataclasses.replace(draft_size, dtype="bfloat16")
     assert (cfg.gamma, cfg.sampling.temperature, cfg.batch_size) == (gamma, temperature, 1)
     assert cfg.speculative and cfg.mixture_or_task_name == TASKS[dataset]
     assert cfg.input_file is None and cfg.task_setup is not None
