@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import gin
 
-from speculative import sampling
+from speculative import decoding, sampling
 from speculative.models import decoder, t5
 
 gin.external_configurable(t5.T5Config, module="t5")
@@ -18,6 +18,7 @@ gin.external_configurable(t5.T5, module="t5")
 gin.external_configurable(decoder.DecoderConfig, module="decoder")
 gin.external_configurable(decoder.DecoderLM, module="decoder")
 gin.external_configurable(sampling.SamplingConfig, module="sampling")
+gin.external_configurable(decoding.GammaPolicy, module="decoding")
 
 
 @gin.configurable(module="speculative")
