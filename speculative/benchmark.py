@@ -29,6 +29,7 @@ acceptance_by_position.png.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -38,6 +39,7 @@ from typing import Any
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from speculative import (
@@ -55,7 +57,7 @@ from speculative import (
 from speculative import model_loading as ml
 from speculative.drafts.base import Drafter
 from speculative.errors import JobError
-from speculative.job_config import BenchmarkConfig, check_lenience, check_num_examples
+from speculative.job_config import BenchmarkConfig, Variant, check_lenience, check_num_examples
 from speculative.job_io import lock_output_dir
 from speculative.sampling import SamplingConfig
 
@@ -65,11 +67,14 @@ from speculative.sampling import SamplingConfig
 
 def validate(cfg: BenchmarkConfig) -> None:
     """Raises JobError for a config the job cannot run (before any weight or input is read)."""
-    for name in ("target", "draft", "vocabulary", "output_dir"):
+    for name in ("target", "vocabulary", "output_dir"):
         if getattr(cfg, name) is gin.REQUIRED:
             raise JobError(f"speculative.BenchmarkConfig.{name} is required")
     ml.validate_model_spec(cfg.target, "target")
-    ml.validate_model_spec(cfg.draft, "draft")
+    if cfg.variants is None or any(v.draft is None for v in cfg.variants):
+        if cfg.draft is gin.REQUIRED:
+            raise JobError("speculative.BenchmarkConfig.draft is required")
+        ml.validate_model_spec(cfg.draft, "draft")
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
     check_lenience(cfg.lenience)
     for name in ("gammas", "batch_sizes"):
@@ -83,6 +88,80 @@ def validate(cfg: BenchmarkConfig) -> None:
     if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
         raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
     check_num_examples(cfg.num_examples)
+    if cfg.variants is not None:
+        validate_variants(cfg)
+
+
+def validate_variants(cfg: BenchmarkConfig) -> None:
+    """Raises a one-line JobError naming the first bad entry of cfg.variants."""
+    if isinstance(cfg.variants, (str, Variant)) or not list(cfg.variants):
+        raise JobError(f"variants must be None or a non-empty list of Variants, got {cfg.variants}")
+    names = set()
+    for v in cfg.variants:
+        if not isinstance(v, Variant):
+            raise JobError(f"variants: expected speculative.Variant, got {type(v).__name__}")
+        if not isinstance(v.name, str) or not v.name:
+            raise JobError(f"variants: every variant needs a non-empty name, got {v.name!r}")
+        if v.name in names:
+            raise JobError(f"variant {v.name!r}: duplicate name")
+        names.add(v.name)
+        if v.draft is not None:
+            ml.validate_model_spec(v.draft, f"variant {v.name!r} draft")
+        try:
+            check_lenience(v.lenience)
+        except JobError as e:
+            raise JobError(f"variant {v.name!r}: {e}") from None
+        if not isinstance(v.gamma_policy, decoding.GammaPolicy):
+            raise JobError(f"variant {v.name!r}: gamma_policy must be a decoding.GammaPolicy")
+        gammas = list(v.gammas) if v.gammas is not None else [1]
+        if not gammas or any(
+            isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas
+        ):
+            raise JobError(
+                f"variant {v.name!r}: gammas must be a non-empty list of integers >= 1, "
+                f"got {list(v.gammas)}"
+            )
+        temps = list(v.temperatures) if v.temperatures is not None else list(cfg.temperatures)
+        outside = [t for t in temps if float(t) not in {float(x) for x in cfg.temperatures}]
+        if not temps or outside:
+            raise JobError(
+                f"variant {v.name!r}: temperatures {temps} must be a non-empty subset of "
+                f"TEMPERATURES {list(cfg.temperatures)}"
+            )
+
+
+def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
+    """cfg.variants with their defaults filled in (draft, gammas, temperatures); without
+    variants, the one variant "default": cfg.draft at cfg.gammas with cfg.lenience."""
+    if cfg.variants is None:
+        return [Variant("default", cfg.draft, float(cfg.lenience), gammas=tuple(cfg.gammas))]
+    return [
+        dataclasses.replace(
+            v,
+            draft=cfg.draft if v.draft is None else v.draft,
+            gammas=tuple(cfg.gammas if v.gammas is None else v.gammas),
+            temperatures=None if v.temperatures is None else tuple(map(float, v.temperatures)),
+        )
+        for v in cfg.variants
+    ]
+
+
+def all_gammas(cfg: BenchmarkConfig) -> list[int]:
+    """Every gamma any variant runs, sorted (what caches and verify costs are sized for)."""
+    return sorted({g for v in variants_of(cfg) for g in v.gammas})
+
+
+def runs_at(variant: Variant, temperature: float) -> bool:
+    return variant.temperatures is None or float(temperature) in variant.temperatures
+
+
+def distinct_drafts(variants: Sequence[Variant]) -> list[Any]:
+    """The variants' draft specs without repeats (equal specs share one loaded draft)."""
+    specs: list[Any] = []
+    for v in variants:
+        if v.draft not in specs:
+            specs.append(v.draft)
+    return specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +181,10 @@ class Setup:
     width: int
     truncated: int = 0
     vocab_padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Every distinct draft (the variants' specs in order; drafts[0] is `draft`) and, per variant
+    # name, the index of its draft. Empty: `draft` alone, for every variant.
+    drafts: Sequence[ml.Loaded] = ()
+    draft_of: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -111,7 +194,18 @@ class Setup:
     def draft_model(self) -> Any:
         """The draft as a model, or None for a `Drafter` that is not a separate model (no
         prefill, weights or cache of its own to account for)."""
-        return None if isinstance(self.draft.model, Drafter) else self.draft.model
+        return model_of(self.draft)
+
+    def all_drafts(self) -> list[ml.Loaded]:
+        return list(self.drafts) or [self.draft]
+
+    def draft_index(self, variant: str) -> int:
+        return self.draft_of.get(variant, 0)
+
+
+def model_of(draft: ml.Loaded) -> Any:
+    """A loaded draft's model, or None for a `Drafter` (no prefill, weights or cache of its own)."""
+    return None if isinstance(draft.model, Drafter) else draft.model
 
 
 def load(cfg: BenchmarkConfig) -> Setup:
@@ -119,26 +213,40 @@ def load(cfg: BenchmarkConfig) -> Setup:
         cfg.input_file, input_field=cfg.input_field, limit=cfg.num_examples
     )
     vocabulary = ml.load_vocabulary(cfg.vocabulary, "vocabulary")
+    variants = variants_of(cfg)
+    draft_specs = distinct_drafts(variants)
+    roles = [_draft_role(cfg, i) for i in range(len(draft_specs))]
     specs = [("target", cfg.target)]
-    if not isinstance(cfg.draft, ml.DraftSpec):
-        specs.append(("draft", cfg.draft))
+    specs += [(r, s) for r, s in zip(roles, draft_specs) if not isinstance(s, ml.DraftSpec)]
     mesh = {} if cfg.partitioner is None else {"partitioner": cfg.partitioner}
     loaded = {role: (ml.load_model(spec, role, **mesh), ml.where(spec)) for role, spec in specs}
     ml.check_draft_vocabulary(cfg.draft_vocabulary, vocabulary)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(cfg.vocabulary), loaded)
-    if isinstance(cfg.draft, ml.DraftSpec):  # built for the fitted target's width
-        fitted["draft"] = ml.build_draft(cfg.draft, fitted["target"])
-    target, draft = fitted["target"], fitted["draft"]
+    for role, spec in zip(roles, draft_specs):
+        if isinstance(spec, ml.DraftSpec):  # built for the fitted target's width
+            fitted[role] = ml.build_draft(spec, fitted["target"], role)
+    target = fitted["target"]
     cap = cfg.feature_lengths["inputs"]
     encoded = inputs.encode(examples, vocabulary, target.model.is_encoder_decoder, cap)
     truncated = sum(e.truncated for e in encoded)
     if truncated:
         print(f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}")
     ids = [e.ids for e in encoded]
-    draft = ml.with_shortlist(draft, cfg.draft, vocabulary, ids)
+    drafts = [
+        ml.with_shortlist(fitted[role], spec, vocabulary, ids, role)
+        for role, spec in zip(roles, draft_specs)
+    ]
     width = inputs.bucket(max(len(x) for x in ids), cap)
     stop_ids = vocab.stop_ids(vocabulary)
-    return Setup(target, draft, stop_ids, len(examples), ids, width, truncated, padding)
+    draft_of = {v.name: draft_specs.index(v.draft) for v in variants}
+    return Setup(
+        target, drafts[0], stop_ids, len(examples), ids, width, truncated, padding, drafts, draft_of
+    )
+
+
+def _draft_role(cfg: BenchmarkConfig, index: int) -> str:
+    """How errors name the index-th distinct draft: "draft" alone without variants."""
+    return "draft" if cfg.variants is None else f"draft {index + 1}"
 
 
 def batches_of(setup: Setup, cfg: BenchmarkConfig, batch_size: int) -> list[dict[str, jax.Array]]:
@@ -164,21 +272,24 @@ def memory_shortfall(setup: Setup, cfg: BenchmarkConfig, batch_size: int) -> str
     batch sizes that clearly cannot fit, no more.
     """
     available = available_bytes()
-    plan = memory.plan(
-        setup.target.model,
-        setup.draft_model or setup.target.model,
-        memory.Device("this host", available, 1),
-        batch_size=batch_size,
-        input_len=setup.width,
-        max_decode_len=cfg.feature_lengths["targets"],
-        gamma=max(cfg.gammas),
-        param_dtype=_param_dtype(setup.target),
-        mesh_shape={"data": 1, "model": 1},
-        usable_fraction=0.8,
-    )
-    draft_cache = plan.draft_cache if setup.draft_model is not None else 0
-    need = plan.target_cache + draft_cache + plan.workspace
-    if need <= plan.usable:
+    need, usable = 0, 0
+    for draft in setup.all_drafts():  # one program runs at a time: the largest draft counts
+        plan = memory.plan(
+            setup.target.model,
+            model_of(draft) or setup.target.model,
+            memory.Device("this host", available, 1),
+            batch_size=batch_size,
+            input_len=setup.width,
+            max_decode_len=cfg.feature_lengths["targets"],
+            gamma=max(all_gammas(cfg)),
+            param_dtype=_param_dtype(setup.target),
+            mesh_shape={"data": 1, "model": 1},
+            usable_fraction=0.8,
+        )
+        draft_cache = plan.draft_cache if model_of(draft) is not None else 0
+        need = max(need, plan.target_cache + draft_cache + plan.workspace)
+        usable = plan.usable
+    if need <= usable:
         return None
     return f"estimated {need / 2**30:.1f} GiB > 80% of available {available / 2**30:.1f} GiB"
 
@@ -238,7 +349,11 @@ def interleaved_timings(
 
 
 def _label(name: Hashable) -> str:
-    return name if isinstance(name, str) else f"gamma {name}"
+    """A program's name in progress lines: "plain", "draft prefill", "gamma 3", "bigram gamma 2"."""
+    if isinstance(name, str):
+        return name
+    variant, gamma = name
+    return f"gamma {gamma}" if variant == "default" else f"{variant} gamma {gamma}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,7 +370,10 @@ class Point:
     round_s: measured seconds per speculative round (decode time without the prefills / rounds,
     a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
     alone, gamma draft steps + one verify call + the round's sampling work.
-    greedy_identical_to_plain: None unless greedy.
+    greedy_identical_to_plain: None unless greedy and exact.
+    variant / draft / lenience / exact / gamma_policy: the speculative setting (`Variant`);
+    c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
+    generated token of these outputs (None unless BenchmarkConfig.score_outputs).
     """
 
     gamma: int
@@ -281,6 +399,14 @@ class Point:
     round_s: float
     round_parts_s: float
     greedy_identical_to_plain: bool | None
+    variant: str = "default"
+    draft: str = ""
+    lenience: float = 1.0
+    exact: bool = True
+    gamma_policy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    c: float = float("nan")
+    draft_step_s: float = float("nan")
+    target_mean_logprob: float | None = None
 
 
 def make_point(
@@ -290,8 +416,14 @@ def make_point(
     prefill_s: tuple[float, float],
     costs: Mapping[str, Any],
     greedy: bool,
+    variant: Variant | None = None,
+    draft: str = "",
+    logprob: float | None = None,
 ) -> Point:
-    """A gamma's point from its timings, the plain baseline's and the (target, draft) prefills'."""
+    """A gamma's point from its timings, the plain baseline's and the (target, draft) prefills'.
+
+    costs: the cell's, with c / draft_step_s of this variant's draft; variant None: "default"."""
+    variant = variant or Variant("default")
     target_prefill_s, draft_prefill_s = prefill_s
     stats = metrics.concat_rows([o.stats for o in spec.outputs])
     lengths = np.concatenate([np.asarray(o.lengths) for o in spec.outputs])
@@ -301,7 +433,7 @@ def make_point(
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
     rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
     same = None
-    if greedy:
+    if greedy and variant.lenience == 1.0:  # a lossy rule may change greedy tokens
         same = all(
             np.array_equal(np.asarray(p.tokens), np.asarray(s.tokens))
             for p, s in zip(plain.outputs, spec.outputs)
@@ -338,27 +470,46 @@ def make_point(
         + costs["target_extend_s"][gamma + 1]
         + costs.get("sampling_round_s", {}).get(gamma, 0.0),
         greedy_identical_to_plain=same,
+        variant=variant.name,
+        draft=draft,
+        lenience=float(variant.lenience),
+        exact=float(variant.lenience) == 1.0,
+        gamma_policy=dataclasses.asdict(variant.gamma_policy),
+        c=costs["c"],
+        draft_step_s=costs["draft_step_s"],
+        target_mean_logprob=logprob,
     )
 
 
 def cell_programs(
     setup: Setup, cfg: BenchmarkConfig, sampling: SamplingConfig
 ) -> dict[Hashable, runner.Program]:
-    """The two prefills, plain decoding and speculative decoding at every gamma."""
-    target, draft = setup.target, setup.draft
+    """The prefills (the target's, each draft model's), plain decoding and every variant of the
+    cell at each of its gammas (keys (variant name, gamma))."""
+    target, drafts = setup.target, setup.all_drafts()
     plain = decoding.DecodeConfig(cfg.feature_lengths["targets"], setup.stop_ids, sampling)
     programs: dict[Hashable, runner.Program] = {
         "target prefill": runner.Prefill(target.model, target.params, plain),
         "plain": runner.Decoder(target.model, target.params, plain, partitioner=cfg.partitioner),
     }
-    if setup.draft_model is not None:
-        programs["draft prefill"] = runner.Prefill(draft.model, draft.params, plain)
-    for gamma in cfg.gammas:
-        config = dataclasses.replace(plain, gamma=gamma, lenience=float(cfg.lenience))
-        programs[gamma] = runner.Decoder(
-            target.model, target.params, config, draft.model, draft.params, cfg.partitioner
-        )
+    variants = [v for v in variants_of(cfg) if runs_at(v, sampling.temperature)]
+    for i in sorted({setup.draft_index(v.name) for v in variants}):
+        if model_of(drafts[i]) is not None:
+            programs[_prefill_key(i)] = runner.Prefill(drafts[i].model, drafts[i].params, plain)
+    for v in variants:
+        draft = drafts[setup.draft_index(v.name)]
+        for gamma in v.gammas:
+            config = dataclasses.replace(
+                plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy
+            )
+            programs[(v.name, gamma)] = runner.Decoder(
+                target.model, target.params, config, draft.model, draft.params, cfg.partitioner
+            )
     return programs
+
+
+def _prefill_key(draft_index: int) -> str:
+    return "draft prefill" if draft_index == 0 else f"draft {draft_index + 1} prefill"
 
 
 def time_cell(
@@ -370,7 +521,7 @@ def time_cell(
     """Every program of a cell (`cell_programs`) timed on every batch.
 
     Each program is compiled once per prompt width (ahead of time, timed apart) and rerun on every
-    batch of that width; batch j uses the same rng for plain and speculative decoding. The two
+    batch of that width; batch j uses the same rng for plain and speculative decoding. The
     prefills are timed alone too, so that decode-only speedups can be reported beside end-to-end.
     """
     rngs = [jax.random.fold_in(jax.random.PRNGKey(cfg.seed), j) for j in range(len(batches))]
@@ -380,22 +531,85 @@ def time_cell(
     return timed
 
 
+def output_logprob_sum(
+    model: Any, params: Any, batch: dict[str, jax.Array], output: decoding.DecodeOutput
+) -> float:
+    """The target's log-probability summed over a decode's generated tokens (teacher-forced).
+
+    output.tokens [B, T], output.lengths [B]: tokens past a row's length (padding after its stop)
+    are not counted. Untempered: log_softmax of the raw logits, whatever the sampling was.
+    """
+    return float(_logprob_sum(model, params, batch, output.tokens, output.lengths))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logprob_sum(model, params, batch, tokens, lengths):
+    width, steps = inputs.input_tokens(batch).shape[1], tokens.shape[1]
+    # prefill leaves `last` (the last prompt token, or T5's start token) unfed at `pos`: feeding
+    # it and the outputs but the last gives the logits that predicted each output token.
+    state, _, last, _ = decoding.prefill(model, params, batch, model.cache_length(width, steps, 1))
+    feed = jnp.concatenate([last[:, None], tokens[:, :-1]], axis=1).astype(jnp.int32)  # [B, T]
+    logits, _ = model.extend(params, state, feed)  # [B, T, V]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    counted = jnp.arange(steps)[None, :] < lengths[:, None]
+    return jnp.sum(jnp.where(counted, picked, 0.0))
+
+
+def mean_logprob(target: ml.Loaded, batches: Sequence[dict[str, jax.Array]], timed: Timed) -> float:
+    """The target's mean log-probability per generated token over a program's outputs."""
+    total = sum(
+        output_logprob_sum(target.model, target.params, b, o)
+        for b, o in zip(batches, timed.outputs)
+    )
+    return total / max(timed.tokens, 1)
+
+
 def cell_points(
-    timed: Mapping[Hashable, Timed], gammas: Sequence[int], costs: Mapping[str, Any], greedy: bool
+    timed: Mapping[Hashable, Timed],
+    setup: Setup,
+    variants: Sequence[Variant],
+    costs: Mapping[str, Any],
+    greedy: bool,
+    logprobs: Mapping[Hashable, float] | None = None,
 ) -> list[Point]:
-    """One point per gamma against the cell's plain baseline."""
-    draft_prefill = timed.get("draft prefill")  # none for a draft that is not a model
-    prefill_s = (timed["target prefill"].seconds, draft_prefill.seconds if draft_prefill else 0.0)
+    """One point per (variant, gamma) against the cell's plain baseline.
+
+    costs: the cell's, with "draft_costs" (per distinct draft: draft_step_s, c)."""
+    logprobs = logprobs or {}
     points = []
-    for gamma in gammas:
-        p = make_point(gamma, timed["plain"], timed[gamma], prefill_s, costs, greedy)
-        print(
-            f"  gamma {gamma}: alpha {p.alpha:.3f} tau {p.tau:.2f} speedup {p.speedup:.2f}x "
-            f"(decode only {p.decode_speedup:.2f}x, Thm 3.8 {p.predicted_speedup:.2f}x), "
-            f"plain {p.plain_tok_s:.2f} tok/s, speculative {p.speculative_tok_s:.2f} tok/s",
-            flush=True,
+    for v in variants:
+        i = setup.draft_index(v.name)
+        draft_prefill = timed.get(_prefill_key(i))  # none for a draft that is not a model
+        prefill_s = (
+            timed["target prefill"].seconds,
+            draft_prefill.seconds if draft_prefill else 0.0,
         )
-        points.append(p)
+        draft_costs = {**costs, **costs["draft_costs"][i]}
+        description = setup.all_drafts()[i].description
+        for gamma in v.gammas:
+            key = (v.name, gamma)
+            p = make_point(
+                gamma,
+                timed["plain"],
+                timed[key],
+                prefill_s,
+                draft_costs,
+                greedy,
+                v,
+                description,
+                logprobs.get(key),
+            )
+            name = "" if v.name == "default" else f"{v.name} "
+            print(
+                f"  {name}gamma {gamma}: alpha {p.alpha:.3f} tau {p.tau:.2f} speedup "
+                f"{p.speedup:.2f}x (decode only {p.decode_speedup:.2f}x, Thm 3.8 "
+                f"{p.predicted_speedup:.2f}x), plain {p.plain_tok_s:.2f} tok/s, speculative "
+                f"{p.speculative_tok_s:.2f} tok/s"
+                + ("" if p.target_mean_logprob is None else f", logp {p.target_mean_logprob:.3f}"),
+                flush=True,
+            )
+            points.append(p)
     return points
 
 
@@ -422,22 +636,51 @@ def measure_cell(
         flush=True,
     )
     timed = time_cell(setup, batches, cfg, sampling)
-    points = cell_points(timed, cfg.gammas, costs, sampling.greedy)
-    alpha = pooled_alpha(points)
+    variants = [v for v in variants_of(cfg) if runs_at(v, temperature)]
+    logprobs = {}
+    if cfg.score_outputs:  # untimed: after every program of the cell has run
+        logprobs = {
+            k: mean_logprob(setup.target, batches, t) for k, t in timed.items() if t.outputs
+        }
+    points = cell_points(timed, setup, variants, costs, sampling.greedy, logprobs)
+    first = [p for p in points if p.variant == variants[0].name]
+    alpha = pooled_alpha(first)
+    cell_costs = {k: v for k, v in costs.items() if k != "draft_costs"}
+    extra: dict[str, Any] = {}
+    if cfg.variants is not None:
+        extra["variants"] = {
+            v.name: variant_summary([p for p in points if p.variant == v.name]) for v in variants
+        }
+    if cfg.score_outputs:
+        extra["plain_target_mean_logprob"] = logprobs["plain"]
     return {
         "batch_size": len(inputs.input_tokens(batches[0])),
         "temperature": float(temperature),
-        "exact": float(cfg.lenience) == 1.0,
-        "lenience": float(cfg.lenience),
+        "exact": all(p.exact for p in points),
+        "lenience": float(variants[0].lenience),
         "top_k": cfg.top_k,
         "top_p": cfg.top_p,
         "input_widths": [int(inputs.input_tokens(b).shape[1]) for b in batches],
-        **costs,
+        **cell_costs,
         # Prefill included, so at batch 1 an upper bound on one plain step.
         "plain_s_per_token": points[0].plain_s / points[0].plain_tokens,
+        # alpha, c and the optimal gamma of the first variant (the only one without variants).
         "alpha": alpha,
-        "optimal_gamma": metrics.optimal_gamma(alpha, costs["c"]),
+        "c": first[0].c,
+        "draft_step_s": first[0].draft_step_s,
+        "optimal_gamma": metrics.optimal_gamma(alpha, first[0].c),
+        **extra,
         "points": [dataclasses.asdict(p) for p in points],
+    }
+
+
+def variant_summary(points: Sequence[Point]) -> dict[str, Any]:
+    """A variant's pooled alpha, its draft's c and the gamma Thm 3.8 finds best for them."""
+    alpha = pooled_alpha(points)
+    return {
+        "alpha": alpha,
+        "c": points[0].c,
+        "optimal_gamma": metrics.optimal_gamma(alpha, points[0].c),
     }
 
 
@@ -457,6 +700,7 @@ def header(cfg: BenchmarkConfig, setup: Setup) -> dict[str, Any]:
     return {
         "target": setup.target.description,
         "draft": setup.draft.description,
+        **({"drafts": [d.description for d in setup.all_drafts()]} if cfg.variants else {}),
         "inputs": cfg.input_file,
         "num_examples": setup.num_examples,
         "feature_lengths": dict(cfg.feature_lengths),
@@ -478,11 +722,11 @@ def header(cfg: BenchmarkConfig, setup: Setup) -> dict[str, Any]:
 
 
 def print_memory(setup: Setup, cfg: BenchmarkConfig) -> None:
-    gamma = max(cfg.gammas)
+    gamma = max(all_gammas(cfg))
     for batch_size in cfg.batch_sizes:
         report = memory.job_report(
             setup.target.model,
-            setup.draft_model,
+            setup.draft_model,  # the first draft's (variants' drafts are alike or smaller)
             batch_size=batch_size,
             input_len=setup.width,
             max_decode_len=cfg.feature_lengths["targets"],
@@ -499,28 +743,43 @@ def measure_batch_size(
     """Every temperature's cell at one batch size, one at a time; c and the verify costs are
     measured once for them all."""
     batches = batches_of(setup, cfg, batch_size)
-    target, draft = setup.target, setup.draft
+    target, gammas = setup.target, all_gammas(cfg)
     cache_len = target.model.cache_length(
-        setup.width, cfg.feature_lengths["targets"], max(cfg.gammas) + 1
+        setup.width, cfg.feature_lengths["targets"], max(gammas) + 1
     )
-    costs = timing.measure_c(
-        target.model,
-        target.params,
-        draft.model,
-        draft.params,
-        batches[0],
-        cache_len,
-        [g + 1 for g in cfg.gammas],
-        draft_config=decoding.DecodeConfig(
-            cfg.feature_lengths["targets"], setup.stop_ids, gamma=max(cfg.gammas)
-        ),
+    draft_config = decoding.DecodeConfig(
+        cfg.feature_lengths["targets"], setup.stop_ids, gamma=max(gammas)
     )
+    costs: dict[str, Any] = {"draft_costs": []}
+    for i, draft in enumerate(setup.all_drafts()):  # the target's costs once, with the first
+        measured = timing.measure_c(
+            target.model,
+            target.params,
+            draft.model,
+            draft.params,
+            batches[0],
+            cache_len,
+            [g + 1 for g in gammas] if i == 0 else (),
+            draft_config=draft_config,
+        )
+        if i == 0:
+            costs.update(measured)
+        step = measured["draft_step_s"]
+        costs["draft_costs"].append({"draft_step_s": step, "c": step / costs["target_step_s"]})
+    if cfg.variants is not None:
+        print(
+            "draft costs: "
+            + ", ".join(
+                f"{d.description}: c {dc['c']:.3f}"
+                for d, dc in zip(setup.all_drafts(), costs["draft_costs"])
+            )
+        )
     for temperature in cfg.temperatures:
         sampling = SamplingConfig(float(temperature), cfg.top_k, cfg.top_p)
         rows = inputs.input_tokens(batches[0]).shape[0]
         costs["sampling_round_s"] = {
             g: timing.sampling_round_time(rows, target.model.vocab_size, g, sampling)
-            for g in cfg.gammas
+            for g in gammas
         }
         yield measure_cell(setup, batches, cfg, temperature, dict(costs))
 

@@ -19,6 +19,7 @@ import gin
 # partitioning.create_partitioner, distributed.initialize and speculative.ModelSpec / VocabSpec,
 # so every job that parses a config imports this module.
 from speculative import configurables, distributed, inputs, model_loading, partitioning  # noqa: F401
+from speculative.decoding import GammaPolicy
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
@@ -37,6 +38,11 @@ class InferConfig:
     num_examples: the first n examples (None: all; otherwise >= 1).
     draft: a ModelSpec, or a DraftSpec (configs/drafts/*.gin) for a draft that is not a model.
     lenience: l in (0, 1] of the acceptance rule; 1 is exact, l < 1 is lossy (rows say exact: false).
+    gamma: draft tokens per round (an int >= 1), or 'auto': `speculative.planner` picks gamma, or
+      plain decoding, from alpha on a warm-up decode of batch 0 at planner_warmup_gamma and the
+      step / verify costs measured at batch_size, scoring each of planner_gammas (ignored with
+      speculative False). The choice is kept in output_dir/plan.json for a resume.
+    gamma_policy: `decoding.GammaPolicy`, how many of the gamma slots each row drafts per round.
     strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
       (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
     partitioner: None (one device, unsharded) or `@partitioning.create_partitioner()` (a
@@ -53,7 +59,10 @@ class InferConfig:
     draft_vocabulary: Any = None
     output_dir: str = gin.REQUIRED
     speculative: bool = True
-    gamma: int = 4
+    gamma: int | str = 4
+    gamma_policy: GammaPolicy = GammaPolicy()
+    planner_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
+    planner_warmup_gamma: int = 4
     lenience: float = 1.0
     sampling: SamplingConfig = SamplingConfig()
     batch_size: int = 1
@@ -148,6 +157,31 @@ class BenchmarkConfig:
     seed: int = 0
     partitioner: Any = None
     compilation_cache_dir: str | None = None
+    # Speculative variants swept against one shared plain baseline per cell (None: one variant,
+    # `draft` at `gammas` with `lenience`, as before); score_outputs: each program's outputs get
+    # the target's mean log-probability per generated token (untimed).
+    variants: Sequence[Variant] | None = None
+    score_outputs: bool = False
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One speculative setting of a benchmark sweep (BenchmarkConfig.variants), timed against
+    the cell's shared plain baseline.
+
+    name: unique, labels its points. draft: a ModelSpec or DraftSpec (None: BenchmarkConfig.draft;
+    equal specs are loaded once). lenience: the acceptance rule's l (1 exact, < 1 lossy).
+    gamma_policy: `decoding.GammaPolicy`. gammas: None = BenchmarkConfig.gammas. temperatures:
+    the cells it runs in (None: all of BenchmarkConfig.temperatures; a subset of them).
+    """
+
+    name: str = gin.REQUIRED
+    draft: Any = None
+    lenience: float = 1.0
+    gamma_policy: GammaPolicy = GammaPolicy()
+    gammas: Sequence[int] | None = None
+    temperatures: Sequence[float] | None = None
 
 
 def check_lenience(lenience: Any) -> None:
