@@ -124,9 +124,44 @@ def markdown_table(result: Mapping[str, Any]) -> str:
     return head + "\n".join(lines)
 
 
+def has_variants(result: Mapping[str, Any]) -> bool:
+    """Whether the run swept BenchmarkConfig.variants (cells say which)."""
+    return any("variants" in cell for cell in result["cells"])
+
+
+def variant_table(result: Mapping[str, Any]) -> str:
+    """Markdown, one row per (cell, variant, gamma): the variants side by side against the shared
+    plain baseline, with the target's mean log-prob of their outputs when it was scored."""
+    head = (
+        "| batch | variant | T | γ | α | τ | c | speedup | decode-only | Thm 3.8 "
+        "| greedy identical | exact | target mean logprob |\n" + "| ---: " * 13 + "|\n"
+    )
+    lines = []
+    for cell in result["cells"]:
+        plain = cell.get("plain_target_mean_logprob")
+        if plain is not None:
+            lines.append(
+                f"| {cell['batch_size']} | plain | {_sampling_label(cell)} | | | | | 1.00x | 1.00x "
+                f"| | | yes | {plain:.3f} |"
+            )
+        for p in cell["points"]:
+            logprob = p.get("target_mean_logprob")
+            same = {True: "yes", False: "NO", None: ""}[p.get("greedy_identical_to_plain")]
+            lines.append(
+                f"| {cell['batch_size']} | {p.get('variant', '')} | {_sampling_label(cell)} "
+                f"| {p['gamma']} | {p['alpha']:.3f} | {p['tau']:.2f} | {p.get('c', cell['c']):.3f} "
+                f"| {p['speedup']:.2f}x | {p.get('decode_speedup', float('nan')):.2f}x "
+                f"| {p['predicted_speedup']:.2f}x | {same} | {'yes' if p.get('exact', True) else 'NO'} "
+                f"| {'' if logprob is None else f'{logprob:.3f}'} |"
+            )
+    return head + "\n".join(lines)
+
+
 def print_table(result: Mapping[str, Any]) -> None:
     print(f"\n{result['target']}\n  draft {result['draft']}\n")
     print(markdown_table(result))
+    if has_variants(result):
+        print("\n" + variant_table(result) + "\n")
     for cell in result["cells"]:
         print(
             f"batch {cell['batch_size']}, T {_sampling_label(cell)}: alpha {cell['alpha']:.3f}, "
@@ -152,7 +187,7 @@ def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = result["cells"]
+    cells = [_first_variant(c) for c in result["cells"]]
     temps = sorted({c["temperature"] for c in cells})
     paths = []
     for name, draw in zip(PLOTS, (_speedup_vs_gamma, _speedup_vs_batch)):
@@ -167,6 +202,13 @@ def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]
     _acceptance_by_position(ax, cells, temps)
     paths.append(_save(fig, out_dir / PLOTS[2]))
     return paths
+
+
+def _first_variant(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The cell with only its first variant's points (the one its alpha and c are of), so the
+    plots compare gammas of one draft; variant_table has them all."""
+    name = cell["points"][0].get("variant")
+    return {**cell, "points": [p for p in cell["points"] if p.get("variant") == name]}
 
 
 def _speedup_vs_gamma(ax, cells: list[Mapping[str, Any]]) -> None:

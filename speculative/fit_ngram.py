@@ -9,24 +9,40 @@ writes the .npz that `NGRAM_TABLES` names. vocab_size must be the target's outpu
 job sees it (default: the vocabulary's size; a model table padded past the tokenizer keeps its
 padded width, e.g. 264 for configs/demo/tiny_random_models.gin). Fitting on the target's own
 samples: pass the predictions.jsonl of an infer run with --input_field=output.
+--input_file=python_stdlib counts this interpreter's standard library sources instead
+(`drafts.shortlist.python_sources`, the first --stdlib_bytes of text), e.g. for code targets:
+
+  python -m speculative.fit_ngram --vocab_kind=gguf --vocab_path=qwen2.5-coder-1.5b \
+      --input_file=python_stdlib --vocab_size=151936 --out=~/.cache/speculative/qwen_stdlib_ngram.npz
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from speculative import inputs, vocab
 from speculative import model_loading as ml
-from speculative.drafts import ngram
+from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
+
+STDLIB = "python_stdlib"  # --input_file naming the standard library's .py sources
 
 
 def token_sequences(
-    vocabulary: vocab.Vocabulary, input_file: str, input_field: str, limit: int | None = None
+    vocabulary: vocab.Vocabulary,
+    input_file: str,
+    input_field: str,
+    limit: int | None = None,
+    stdlib_bytes: int = 8 << 20,
 ) -> list[list[int]]:
-    """Token ids of every example's input (and target) text, one sequence per text."""
+    """Token ids of every example's input (and target) text, one sequence per text; for
+    input_file STDLIB, of each standard library source file (up to stdlib_bytes of text)."""
+    if input_file == STDLIB:
+        texts = shortlist.python_sources(stdlib_bytes)[:limit]
+        return [list(vocabulary.encode(t)) for t in texts]
     examples = inputs.read_examples(input_file, input_field=input_field, limit=limit)
     texts = [t for ex in examples for t in (ex.inputs, ex.targets) if t]
     return [list(vocabulary.encode(t)) for t in texts]
@@ -39,16 +55,20 @@ def fit_file(
     input_field: str = "inputs",
     vocab_size: int | None = None,
     limit: int | None = None,
+    stdlib_bytes: int = 8 << 20,
 ) -> ngram.NgramTables:
-    """Tokenises `input_file` with `vocab_spec`, fits the tables and writes them to `out`."""
+    """Tokenises `input_file` with `vocab_spec`, fits the tables and writes them to `out`
+    (`~` expanded, its folder made)."""
     vocabulary = ml.load_vocabulary(vocab_spec, "vocabulary")
     width = vocab_size if vocab_size is not None else vocab.used_size(vocabulary)
-    sequences = token_sequences(vocabulary, input_file, input_field, limit)
+    sequences = token_sequences(vocabulary, input_file, input_field, limit, stdlib_bytes)
     if not sequences:
         raise JobError(f"no text to count in {input_file}")
     if max(max(s, default=0) for s in sequences) >= width:
         raise JobError(f"vocab_size {width} is smaller than the tokenizer's ids")
     tables = ngram.fit(sequences, width)
+    out = os.path.expanduser(out)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     ngram.save(tables, out)
     tokens = sum(len(s) for s in sequences)
     print(f"fitted {len(sequences)} texts, {tokens} tokens, vocab size {width}: wrote {out}")
@@ -60,16 +80,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab_kind", required=True, choices=ml.VOCAB_KINDS)
     parser.add_argument("--vocab_path", default=None)
     parser.add_argument("--extra_ids", type=int, default=0)
-    parser.add_argument("--input_file", required=True)
+    parser.add_argument("--input_file", required=True, help=f"a file, or {STDLIB!r}")
     parser.add_argument("--input_field", default="inputs")
     parser.add_argument("--num_examples", type=int, default=None)
     parser.add_argument("--vocab_size", type=int, default=None)
+    parser.add_argument("--stdlib_bytes", type=int, default=8 << 20)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)
     try:
         fit_file(
-            spec, args.input_file, args.out, args.input_field, args.vocab_size, args.num_examples
+            spec,
+            args.input_file,
+            args.out,
+            args.input_field,
+            args.vocab_size,
+            args.num_examples,
+            args.stdlib_bytes,
         )
     except JobError as e:
         print(f"error: {e}", file=sys.stderr)

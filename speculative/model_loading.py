@@ -184,9 +184,14 @@ def validate_draft_spec(spec: DraftSpec, role: str = "draft") -> None:
             f"{spec.min_ngram!r}..{spec.max_ngram!r}"
         )
     if spec.kind in ("unigram", "bigram"):
-        _check_path(role, f"a {spec.kind} draft's tables", spec.tables)
+        _check_path(role, f"a {spec.kind} draft's tables", _expand(spec.tables))
     if spec.kind == "layer_skip" and (not isinstance(spec.num_layers, int) or spec.num_layers < 1):
         raise JobError(f"{role}: layer_skip num_layers must be an integer >= 1")
+
+
+def _expand(path: Any) -> Any:
+    """A local path with `~` expanded (configs name tables under ~/.cache); others unchanged."""
+    return os.path.expanduser(path) if isinstance(path, str) else path
 
 
 def is_encoder_decoder(spec: ModelSpec) -> bool:
@@ -269,7 +274,7 @@ def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
             raise JobError(str(e), role=role) from e
         return Loaded(drafter, target.params, describe_draft(spec))
     try:
-        tables = ngram.load(spec.tables)
+        tables = ngram.load(_expand(spec.tables))
     except JobError:
         raise
     except _LOADER_ERRORS + _MALFORMED_ERRORS + (zipfile.BadZipFile, EOFError) as e:

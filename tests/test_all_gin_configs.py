@@ -47,9 +47,15 @@ def _rel(path: pathlib.Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-def _job_files(path: pathlib.Path) -> list[str]:
+def _includes_a_run(path: pathlib.Path) -> bool:
+    """Whether the file includes configs/runs/*.gin, directly or through its includes."""
     text = path.read_text()
-    if _rel(path).startswith("configs/runs/") or "include 'configs/runs/" in text:
+    included = re.findall(r"^include '([^']+)'", text, flags=re.M)
+    return any(i.startswith("configs/runs/") or _includes_a_run(ROOT / i) for i in included)
+
+
+def _job_files(path: pathlib.Path) -> list[str]:
+    if _rel(path).startswith("configs/runs/") or _includes_a_run(path):
         return [_rel(path)]
     return ["configs/runs/infer.gin", _rel(path)]  # a models fragment for the jobs
 
