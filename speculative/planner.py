@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from speculative import decoding, metrics, timing
+from speculative.drafts.base import Drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,24 @@ class Plan:
     target_step_s: float
     draft_step_s: float
     candidates: Mapping[int, float]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able fields (summary.json's "planner"); gamma None means plain decoding."""
+        return {
+            "gamma": self.gamma,
+            "predicted_speedup": self.predicted_speedup,
+            "alpha": self.alpha,
+            "target_step_s": self.target_step_s,
+            "draft_step_s": self.draft_step_s,
+            "c": self.draft_step_s / self.target_step_s,
+            "candidates": {str(g): s for g, s in sorted(self.candidates.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        fields = {f.name for f in dataclasses.fields(cls)} - {"candidates"}
+        candidates = {int(g): float(s) for g, s in data["candidates"].items()}
+        return cls(**{k: data[k] for k in fields}, candidates=candidates)
 
     def describe(self) -> str:
         best = max(self.candidates.items(), key=lambda gs: gs[1])
@@ -89,6 +108,39 @@ def plan(
     )
 
 
+def pooled_alpha(stats: Any) -> float:
+    """α pooled over every verified draft position of a decode's `DecodeStats` (0 when none)."""
+    verified = float(np.sum(np.asarray(stats.verified)))
+    return float(np.sum(np.asarray(stats.beta_sum))) / max(verified, 1.0)
+
+
+def measure_costs(
+    target: Any,
+    target_params: Any,
+    draft: Any,
+    draft_params: Any,
+    batch: dict[str, jax.Array],
+    config: decoding.DecodeConfig,
+    gammas: Sequence[int],
+) -> dict[str, Any]:
+    """`timing.measure_c` on `batch` with the verify call at every γ + 1: for a draft model (its
+    one-token step) and for a `Drafter` that is not one (its `propose`, per token, at max γ)."""
+    deepest = dataclasses.replace(config, gamma=max(gammas))
+    models = [target] if isinstance(draft, Drafter) else [target, draft]
+    cache_len = max(deepest.cache_length(m, batch) for m in models)
+    return timing.measure_c(
+        target, target_params, draft, draft_params, batch, cache_len,
+        verify_lengths=[g + 1 for g in gammas], draft_config=deepest,
+    )  # fmt: skip
+
+
+def plan_from_costs(alpha: float, costs: Mapping[str, Any], min_speedup: float = 1.0) -> Plan:
+    """`plan` from `measure_costs`' result."""
+    return plan(
+        alpha, costs["target_step_s"], costs["draft_step_s"], costs["target_extend_s"], min_speedup
+    )
+
+
 def measure_and_plan(
     target: Any,
     target_params: Any,
@@ -102,21 +154,9 @@ def measure_and_plan(
     min_speedup: float = 1.0,
 ) -> Plan:
     """Measures α on `batch` (a warm-up batch decoded at warmup_gamma) and the step and verify
-    costs at its batch size, then `plan`s. draft: a LanguageModel (a `Drafter` with no model
-    needs its own step time: use `plan` directly)."""
+    costs at its batch size, then `plan`s. draft: a LanguageModel or a `Drafter`."""
     warmup = dataclasses.replace(config, gamma=warmup_gamma)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     out = decoding.speculative_loop(target, target_params, draft, draft_params, batch, rng, warmup)
-    verified = float(np.sum(np.asarray(out.stats.verified)))
-    alpha = float(np.sum(np.asarray(out.stats.beta_sum))) / max(verified, 1.0)
-    cache_len = max(
-        dataclasses.replace(config, gamma=max(gammas)).cache_length(m, batch)
-        for m in (target, draft)
-    )
-    costs = timing.measure_c(
-        target, target_params, draft, draft_params, batch, cache_len,
-        verify_lengths=[g + 1 for g in gammas],
-    )  # fmt: skip
-    return plan(
-        alpha, costs["target_step_s"], costs["draft_step_s"], costs["target_extend_s"], min_speedup
-    )
+    costs = measure_costs(target, target_params, draft, draft_params, batch, config, gammas)
+    return plan_from_costs(pooled_alpha(out.stats), costs, min_speedup)
