@@ -20,6 +20,8 @@ Output, in OUTPUT_DIR:
                      this_run times this run's decoding, each program compiled once per prompt
                      width, ahead of time and apart.
   config.gin         the operative gin config.
+  plan.json          with GAMMA = 'auto': the planner's choice (gamma, or null for plain decoding)
+                     and what it measured; a resumed run reuses it instead of planning again.
   With PARTITIONER (a ('data', 'model') mesh) the weights are placed on their shards, T5X
   checkpoints read shard by shard, and each batch's rows split over 'data'; with DISTRIBUTED
   every host of a pod slice runs the job, feeds its rows, and process 0 alone writes the files.
@@ -27,7 +29,8 @@ Output, in OUTPUT_DIR:
   across runs; summary.json's compilation_cache says whether this run found them (warm).
   .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
-not loaded); greedy outputs are then identical to the speculative ones.
+not loaded, GAMMA = 'auto' is ignored); greedy outputs are then identical to the speculative ones.
+GAMMA_POLICY (a decoding.GammaPolicy) sets how many of the GAMMA slots each row drafts per round.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import importlib
 import itertools
 import json
 import math
+import os
+import pathlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -55,6 +60,7 @@ from speculative import (
     job_spmd,
     memory,
     metrics,
+    planner,
     runner,
     timing,
     vocab,
@@ -85,8 +91,7 @@ def validate(cfg: InferConfig) -> None:
         ml.validate_model_spec(cfg.draft, "draft")
         if cfg.draft_vocabulary is not None:
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
-    if not isinstance(cfg.gamma, int) or cfg.gamma < 1:
-        raise JobError(f"gamma must be an integer >= 1, got {cfg.gamma!r}")
+    check_gamma(cfg)
     check_lenience(cfg.lenience)
     if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
@@ -102,6 +107,31 @@ def validate(cfg: InferConfig) -> None:
         raise JobError(
             "DISTRIBUTED (multi_host) needs a PARTITIONER mesh over every host's devices"
         )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_gamma(cfg: InferConfig) -> None:
+    """Raises JobError unless GAMMA is an int >= 1 or 'auto' (with sane planner settings) and
+    GAMMA_POLICY is a GammaPolicy. 'auto' with SPECULATIVE = False is ignored: plain decoding
+    was asked for, so there is nothing to plan."""
+    if not (_is_count(cfg.gamma) or cfg.gamma == "auto"):
+        raise JobError(f"GAMMA must be an integer >= 1 or 'auto', got {cfg.gamma!r}")
+    if not isinstance(cfg.gamma_policy, decoding.GammaPolicy):
+        raise JobError(f"GAMMA_POLICY must be a @decoding.GammaPolicy(), got {cfg.gamma_policy!r}")
+    if cfg.gamma != "auto" or not cfg.speculative:
+        return
+    gammas = cfg.planner_gammas
+    if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
+        raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
+    if not _is_count(cfg.planner_warmup_gamma):
+        raise JobError(
+            f"planner_warmup_gamma must be an integer >= 1, got {cfg.planner_warmup_gamma!r}"
+        )
+    if cfg.multi_host:  # every host would have to time the models and agree on one choice
+        raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
 
 
 def load_examples(cfg: InferConfig) -> list[Example]:
@@ -130,6 +160,7 @@ def decode_config(cfg: InferConfig, vocabulary: vocab.Vocabulary) -> decoding.De
         sampling=cfg.sampling,
         gamma=cfg.gamma if cfg.speculative else None,
         lenience=float(cfg.lenience) if cfg.speculative else 1.0,
+        gamma_policy=cfg.gamma_policy,
     )
 
 
@@ -303,6 +334,9 @@ def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]
         "gamma": cfg.gamma if cfg.speculative else None,
         # only when lossy, so exact runs resume in output dirs written before lenience existed
         **({"lenience": cfg.lenience} if cfg.speculative and cfg.lenience != 1 else {}),
+        # likewise only when adaptive or planned: older output dirs keep resuming
+        **({"gamma_policy": policy_fields(cfg)} if cfg.speculative and adaptive(cfg) else {}),
+        **(planner_fields(cfg) if planned(cfg) else {}),
         "sampling": dataclasses.asdict(cfg.sampling),
         "batch_size": cfg.batch_size,
         "feature_lengths": dict(cfg.feature_lengths),
@@ -310,6 +344,89 @@ def fingerprint(cfg: InferConfig, examples: Sequence[Example]) -> dict[str, Any]
         "examples": len(examples),
         "inputs_sha256": examples_digest(examples),
     }
+
+
+def adaptive(cfg: InferConfig) -> bool:
+    return cfg.gamma_policy.adaptive
+
+
+def planned(cfg: InferConfig) -> bool:
+    """Whether the job picks gamma itself (GAMMA = 'auto', speculative)."""
+    return cfg.speculative and cfg.gamma == "auto"
+
+
+def policy_fields(cfg: InferConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg.gamma_policy)
+
+
+def planner_fields(cfg: InferConfig) -> dict[str, Any]:
+    return {
+        "planner_gammas": [int(g) for g in cfg.planner_gammas],
+        "planner_warmup_gamma": cfg.planner_warmup_gamma,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# GAMMA = 'auto': the planner's choice, made once per output directory.
+
+PLAN = "plan.json"
+
+
+def load_plan(out_dir: pathlib.Path, job: Mapping[str, Any]) -> planner.Plan | None:
+    """The plan an earlier run of this same job made (None if none, or another job's)."""
+    path = out_dir / PLAN
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("fingerprint") != json.loads(json.dumps(job)):  # a job that took the dir over
+        return None
+    return planner.Plan.from_json(record["plan"])
+
+
+def save_plan(out_dir: pathlib.Path, job: Mapping[str, Any], plan: planner.Plan) -> None:
+    """Written (atomically) before any row, so every row of the job uses the same choice."""
+    tmp = out_dir / f"{PLAN}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"fingerprint": job, "plan": plan.to_json()}, indent=2))
+    os.replace(tmp, out_dir / PLAN)
+
+
+def apply_plan(cfg: InferConfig, plan: planner.Plan) -> InferConfig:
+    """The config that runs: the planned gamma, or plain decoding (as SPECULATIVE = False)."""
+    if plan.gamma is None:
+        return dataclasses.replace(cfg, speculative=False)
+    return dataclasses.replace(cfg, gamma=plan.gamma)
+
+
+def plan_gamma(
+    cfg: InferConfig,
+    models: Models,
+    vocabulary: vocab.Vocabulary,
+    examples: Sequence[Example],
+    ids: Sequence[Sequence[int]],
+) -> planner.Plan:
+    """`planner.plan` from alpha on batch 0 decoded at planner_warmup_gamma (its rows are not
+    kept: batch 0 is decoded again with the choice) and the costs timed on that batch."""
+    warmup = decode_config(dataclasses.replace(cfg, gamma=cfg.planner_warmup_gamma), vocabulary)
+    decoder = models.decoder(warmup, cfg.partitioner)
+    first = next(job_batches(cfg, ids, [0], decoder))
+    try:
+        result = next(runner.run_batches({"warmup": decoder}, [(first.batch, first.rng)]))
+    except FloatingPointError as e:
+        raise nan_error(cfg, examples, first.members, e) from e
+    rows = len(first.members)  # a short batch 0 repeats its last row
+    stats = jax.tree.map(lambda x: np.asarray(x)[:rows], result.outputs["warmup"].stats)
+    target, draft = models.target, models.draft
+    costs = planner.measure_costs(
+        target.model, target.params, draft.model, draft.params, first.batch, warmup,
+        cfg.planner_gammas,
+    )  # fmt: skip
+    return planner.plan_from_costs(planner.pooled_alpha(stats), costs)
+
+
+def plan_costs(plan: planner.Plan) -> dict[str, Any]:
+    """The step costs the plan measured, as `measure_cost` reports them (not timed twice)."""
+    fields = plan.to_json()
+    return {k: fields[k] for k in ("target_step_s", "draft_step_s", "c")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -506,8 +623,9 @@ def run_locked(
     it finds pending and return {"process_index": i, "this_run": ...}.
     """
     writer = job_spmd.is_writer()
+    job = fingerprint(cfg, examples)
     if writer:
-        store = ResultStore(cfg.output_dir, fingerprint(cfg, examples))
+        store = ResultStore(cfg.output_dir, job)
     else:
         store = job_spmd.NullStore(cfg.output_dir)
     todo = pending_batches(len(examples), cfg.batch_size, store.done)
@@ -516,10 +634,15 @@ def run_locked(
         f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
         f"batches of {cfg.batch_size} to decode"
     )
-    config = decode_config(cfg, vocabulary)
+    # GAMMA = 'auto': an earlier run's choice is reused (never re-planned), else planned below.
+    plan = load_plan(store.dir, job) if planned(cfg) else None
+    reused = plan is not None
+    run_cfg = apply_plan(cfg, plan) if plan else cfg  # the config that decodes
     stats, costs, padding = RunStats(), {}, {}
     # c is timed on one host's devices; on several hosts it is left out.
-    measure_c = cfg.speculative and cfg.measure_c and jax.process_count() == 1
+    measure_c = (
+        run_cfg.speculative and not planned(run_cfg) and cfg.measure_c and jax.process_count() == 1
+    )
     if todo or measure_c:
         models = load_models(cfg, vocabulary)
         padding = models.vocab_padding
@@ -527,15 +650,33 @@ def run_locked(
         if models.draft is not None:  # a shortlist head is fitted to every prompt of the job
             draft = ml.with_shortlist(models.draft, cfg.draft, vocabulary, ids)
             models = dataclasses.replace(models, draft=draft)
-        check_context(models, ids, config.max_decode_len)
-        print(memory_report(cfg, models, ids))
+        check_context(models, ids, cfg.feature_lengths["targets"])
+        if planned(run_cfg):
+            print(
+                memory_report(dataclasses.replace(cfg, gamma=max(cfg.planner_gammas)), models, ids)
+            )
+            plan = plan_gamma(cfg, models, vocabulary, examples, ids)
+            save_plan(store.dir, job, plan)
+            run_cfg, costs, measure_c = apply_plan(cfg, plan), plan_costs(plan), False
+        else:
+            print(memory_report(run_cfg, models, ids))
+        if plan is not None:
+            print(plan.describe() + (" (reused from plan.json)" if reused else ""))
+            if plan.gamma is None:
+                print("planner: decoding plainly, as SPECULATIVE = False would")
+        if not run_cfg.speculative:
+            models = dataclasses.replace(models, draft=None)
+            costs = {}
+        config = decode_config(run_cfg, vocabulary)
         decoder = models.decoder(config, cfg.partitioner)
-        stats = decode_pending(cfg, examples, encoded, todo, decoder, vocabulary, store)
+        stats = decode_pending(run_cfg, examples, encoded, todo, decoder, vocabulary, store)
         if measure_c:
-            costs = measure_cost(cfg, models, config, ids[0])
+            costs = measure_cost(run_cfg, models, config, ids[0])
     if not writer:
         return {"process_index": jax.process_index(), "this_run": stats.to_json()}
-    summary = job_summary(cfg, store.rows(), stats, costs)
+    summary = job_summary(run_cfg, store.rows(), stats, costs)
+    if planned(cfg):
+        summary["planner"] = None if plan is None else {**plan.to_json(), "reused": reused}
     if padding:
         summary["vocab_padding"] = padding
     if cfg.partitioner is not None:
@@ -582,6 +723,7 @@ def job_summary(
         "draft": ml.describe(cfg.draft) if cfg.speculative else None,
         "speculative": cfg.speculative,
         "gamma": cfg.gamma if cfg.speculative else None,
+        "gamma_policy": policy_fields(cfg) if cfg.speculative else None,
         **lenience_fields(cfg),
         "batch_size": cfg.batch_size,
         "sampling": dataclasses.asdict(cfg.sampling),
@@ -590,7 +732,7 @@ def job_summary(
         "truncated_inputs": sum("truncated_from" in r for r in rows),
         "this_run": stats.to_json(),
     }
-    if costs:
+    if costs and "alpha" in summary:
         alpha = summary["alpha"]
         summary.update(
             costs,
@@ -602,6 +744,12 @@ def job_summary(
 
 def print_summary(s: Mapping[str, Any], out_dir) -> None:
     mode = f"speculative, gamma {s['gamma']}" if s["speculative"] else "plain decoding"
+    policy = s.get("gamma_policy") or {}
+    if policy.get("kind", "fixed") != "fixed":
+        mode += f" (at most; {policy['kind']} gamma policy)"
+    if s.get("planner"):
+        p = s["planner"]
+        mode += f", planned (alpha {p['alpha']:.3f}, predicted {p['predicted_speedup']:.2f}x)"
     print(f"\n{s['target']}\n  {mode}, batch {s['batch_size']}, {s['sampling']}")
     if s["speculative"]:
         print(f"  draft: {s['draft']}")
