@@ -263,13 +263,15 @@ def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
         drafter = prompt_lookup.PromptLookupDrafter(vocab_size, spec.max_ngram, spec.min_ngram)
         return Loaded(drafter, (), describe_draft(spec))
     if spec.kind == "layer_skip":
-        if type(target.model) is not decoder.DecoderLM:  # noqa: E721 (a wrapper is refused too)
+        model, padding = target.model, None
+        if isinstance(model, PaddingMasked):  # padding ids masked out of the draft alike
+            model, padding = model.model, (model.used, model.width)
+        if type(model) is not decoder.DecoderLM:  # noqa: E721 (other wrappers are refused)
             raise JobError(
-                f"layer_skip needs a plain DecoderLM target, got {type(target.model).__name__}",
-                role=role,
+                f"layer_skip needs a DecoderLM target, got {type(model).__name__}", role=role
             )
         try:
-            drafter = layer_skip.LayerSkipDrafter(target.model, num_layers=spec.num_layers)
+            drafter = layer_skip.LayerSkipDrafter(model, spec.num_layers, padding)
         except ValueError as e:
             raise JobError(str(e), role=role) from e
         return Loaded(drafter, target.params, describe_draft(spec))

@@ -23,11 +23,16 @@ from speculative.models import decoder
 
 @dataclasses.dataclass(frozen=True)
 class LayerSkipDrafter(ModelDrafter):
-    """The first `num_layers` layers of `target` as a draft; params are the target's own."""
+    """The first `num_layers` layers of `target` as a draft; params are the target's own.
 
-    model: decoder.DecoderLM = dataclasses.field(init=False)
+    padding: (used, width) when the job masks padding ids out of the target
+    (`model_loading.PaddingMasked`): the draft is masked alike, so q never proposes them either.
+    """
+
+    model: Any = dataclasses.field(init=False)
     target: decoder.DecoderLM
     num_layers: int = 1
+    padding: tuple[int, int] | None = None
 
     def __post_init__(self):
         if not isinstance(self.target, decoder.DecoderLM):
@@ -41,7 +46,12 @@ class LayerSkipDrafter(ModelDrafter):
                 f"got {self.num_layers!r}"
             )
         shallow = dataclasses.replace(self.target.config, num_layers=self.num_layers)
-        object.__setattr__(self, "model", decoder.DecoderLM(shallow))
+        model: Any = decoder.DecoderLM(shallow)
+        if self.padding is not None:
+            from speculative.model_loading import PaddingMasked  # it imports this module
+
+            model = PaddingMasked(model, *self.padding)
+        object.__setattr__(self, "model", model)
 
     def model_params(self, params: Any) -> Any:
         """The target's parameter tree cut to the draft's layers (same arrays, no copy)."""
@@ -49,6 +59,10 @@ class LayerSkipDrafter(ModelDrafter):
         return {k: v for k, v in params.items() if not k.startswith("layers_") or k in keep}
 
     def check_target(self, target: Any) -> None:
+        from speculative.model_loading import PaddingMasked
+
+        if isinstance(target, PaddingMasked) and self.padding == (target.used, target.width):
+            target = target.model
         if target != self.target:
             raise ValueError("a layer-skip draft must be given the target it was built from")
 
