@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from speculative import decoding, metrics, planner
+from speculative.drafts import prompt_lookup
 from tests import helpers
 
 VERIFY = {1: 1.0, 2: 1.1, 3: 1.15, 4: 1.2, 5: 1.25, 6: 1.3, 7: 1.45, 8: 1.5}
@@ -52,3 +53,14 @@ def test_measured_plan_refuses_an_unrelated_draft_as_expensive_as_the_target():
     assert p.alpha < 0.3 and set(p.candidates) == {1, 2, 4}
     assert p.gamma is None, p.describe()
     assert np.isfinite(p.target_step_s) and p.draft_step_s > 0
+
+
+def test_measured_plan_with_a_drafter_that_is_not_a_model():
+    """A `Drafter` (prompt lookup) is timed by its propose step; the plan round-trips as JSON."""
+    target = helpers.tiny_decoder(64, emb=32, layers=1, heads=2, kv_heads=1, seed=0)
+    batch = helpers.ragged_prompts(1, batch=2, width=6, vocab=64)
+    config = decoding.DecodeConfig(8, (64,))
+    drafter = prompt_lookup.PromptLookupDrafter(64, max_ngram=2)
+    p = planner.measure_and_plan(*target, drafter, (), batch, config, gammas=(1, 2))
+    assert 0.0 <= p.alpha <= 1.0 and set(p.candidates) == {1, 2} and p.draft_step_s > 0
+    assert planner.Plan.from_json(p.to_json()) == p
