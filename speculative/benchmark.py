@@ -24,6 +24,11 @@ Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from th
 (pooled over the gammas of a (B, T) cell) and c; the optimal gamma maximises that prediction.
 Writes OUTPUT_DIR/benchmark.json, speedup_vs_gamma.png, speedup_vs_batch.png and
 acceptance_by_position.png.
+
+VARIANTS (BenchmarkConfig.variants, `speculative.Variant`): several drafts / acceptance rules /
+gamma policies, each at its own gammas and temperatures, all interleaved against the cell's one
+plain baseline (configs/demo/qwen_coder_drafts.gin); points name their variant, and with
+SCORE_OUTPUTS carry the target's mean log-probability per generated token of their outputs.
 """
 
 from __future__ import annotations
@@ -128,6 +133,9 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
                 f"variant {v.name!r}: temperatures {temps} must be a non-empty subset of "
                 f"TEMPERATURES {list(cfg.temperatures)}"
             )
+    for t in cfg.temperatures:  # a cell needs something to compare with its plain baseline
+        if not any(v.temperatures is None or t in v.temperatures for v in cfg.variants):
+            raise JobError(f"no variant runs at temperature {t}; drop it from TEMPERATURES")
 
 
 def variants_of(cfg: BenchmarkConfig) -> list[Variant]:

@@ -135,6 +135,7 @@ def _cfg(**overrides) -> job_config.BenchmarkConfig:
         ((Variant("g", gammas=(0,)),), "^variant 'g': gammas must be"),
         ((Variant("d", draft=ml.DraftSpec("nope")),), "^variant 'd' draft: unknown DraftSpec"),
         ((), "non-empty list of Variants"),
+        ((Variant("hot", temperatures=(1.0,)),), "^no variant runs at temperature 0.0;"),
     ],
 )
 def test_bad_variants_are_one_line_errors(variants, message):
