@@ -81,7 +81,7 @@ def plan(
       alpha: measured acceptance rate in [0, 1].
       target_step_s / draft_step_s: one-token step of each model at the batch size that will run.
       verify_s: {tokens: seconds} of the target's call on that many tokens; every length n >= 2
-        present is scored as γ = n - 1.
+        present is scored as γ = n - 1. A reading below target_step_s is taken as target_step_s.
       min_speedup: speculation must predict more than this, else plain decoding is chosen.
     """
     if not 0.0 <= alpha <= 1.0:
@@ -91,8 +91,11 @@ def plan(
         if n >= 2:
             gamma = n - 1
             tau = metrics.expected_tokens_per_call(alpha, gamma)
+            # A call on n tokens does at least one step's work; a faster reading is timing noise
+            # (seen on tiny models), and would let a draft with alpha ~ 0 "beat" plain decoding.
+            verify = max(verify_s[n], target_step_s)
             candidates[gamma] = metrics.cost_model_speedup(
-                tau, gamma, target_step_s, draft_step_s, verify_s[n]
+                tau, gamma, target_step_s, draft_step_s, verify
             )
     if not candidates:
         raise ValueError("verify_s needs at least one length >= 2 (gamma >= 1)")

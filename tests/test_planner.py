@@ -29,6 +29,12 @@ def test_a_good_cheap_draft_means_speculation_at_the_cost_model_optimum():
     assert f"gamma {p.gamma}" in p.describe()
 
 
+def test_a_verify_call_timed_below_one_step_counts_as_one_step():
+    # Timing noise must not let a draft that is never accepted beat plain decoding.
+    p = planner.plan(alpha=0.0, target_step_s=1.0, draft_step_s=0.01, verify_s={2: 0.3, 3: 0.4})
+    assert p.gamma is None and max(p.candidates.values()) < 1
+
+
 def test_an_expensive_verify_call_shortens_gamma():
     free = planner.plan(0.9, 1.0, 0.05, {n: 1.0 for n in range(1, 10)})
     steep = planner.plan(0.9, 1.0, 0.05, {n: 1.0 + 0.5 * (n - 1) for n in range(1, 10)})
