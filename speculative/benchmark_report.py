@@ -28,7 +28,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "gamma": p["gamma"],
                     "alpha": p["alpha"],
                     "tau": p["tau"],
-                    "c": cell["c"],
+                    "c": p.get("c", cell["c"]),  # a variant's draft's (older JSON: the cell's)
                     "speedup": p["speedup"],
                     "decode_speedup": p.get("decode_speedup", float("nan")),
                     "predicted": p["predicted_speedup"],
