@@ -33,7 +33,7 @@ VARIANTS = [
 model/speculative.Variant:
   name = 'model'
   draft = @draft/speculative.ModelSpec()
-  gammas = [2, 3]
+  gammas = [3]
 lookup/speculative.Variant:
   name = 'lookup'
   draft = @lookup/speculative.DraftSpec()
@@ -85,9 +85,9 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
     cells = {c["temperature"]: c for c in result["cells"]}
     assert sorted(cells) == [0.0, 1.0] and len(result["cells"]) == 2  # one baseline per cell
     labels = {T: [(p["variant"], p["gamma"]) for p in c["points"]] for T, c in cells.items()}
-    exact = [("model", 2), ("model", 3), ("lookup", 2), ("confident", 4)]
+    exact = [("model", 3), ("lookup", 2), ("confident", 4)]
     assert labels[0.0] == exact
-    assert labels[1.0] == exact[:3] + [("lenient", 2), ("confident", 4)]
+    assert labels[1.0] == exact[:2] + [("lenient", 2), ("confident", 4)]
     for T, cell in cells.items():
         assert set(cell["variants"]) == {v for v, _ in labels[T]}
         assert math.isfinite(cell["plain_target_mean_logprob"])
@@ -107,7 +107,7 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
             else:
                 assert p["greedy_identical_to_plain"] is None
     table = benchmark_report.variant_table(result)
-    assert table.count("\n") == 1 + 2 + 4 + 5  # header, rule, plain + points per cell
+    assert table.count("\n") == 1 + 2 + 3 + 4  # header, rule, plain + points per cell
     assert "| lenient | 1 | 2 |" in table and "| plain | 0 |" in table
 
 
