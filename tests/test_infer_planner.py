@@ -112,18 +112,22 @@ def test_planner_speculates_with_a_good_cheap_draft(tmp_path, deep_plain, capsys
 
 def test_resume_reuses_the_planned_gamma_and_a_different_job_is_refused(tmp_path, deep_plain):
     inputs, out = _inputs(tmp_path, PROMPTS), tmp_path / "o"
-    _run(inputs, out, *DEEP_TARGET, *AUTO)
-    # Cut the job back to its first batch and record another gamma in plan.json: the resumed run
-    # must decode with the recorded gamma (a re-plan could not pick it: it is not the best).
+    _, first = _run(inputs, out, *DEEP_TARGET, *AUTO)
+    gamma = first["planner"]["gamma"]
+    # Killed after its first batch: the resumed run reuses the recorded choice, no re-plan.
     predictions = out / "predictions.jsonl"
     predictions.write_text("".join(predictions.read_text().splitlines(True)[:2]))
-    record = json.loads((out / infer.PLAN).read_text())
-    record["plan"]["gamma"] = 1 if record["plan"]["gamma"] != 1 else 2
-    (out / infer.PLAN).write_text(json.dumps(record))
     rows, s = _run(inputs, out, *DEEP_TARGET, *AUTO)
-    assert s["this_run"]["decoded_examples"] == 2
-    assert s["planner"]["reused"] and s["gamma"] == record["plan"]["gamma"]
-    assert [len(r["accepted_at"]) for r in rows[2:]] == [record["plan"]["gamma"]] * 2
+    assert s["this_run"]["decoded_examples"] == 2 and s["planner"]["reused"]
+    assert s["gamma"] == gamma and s["planner"] == {**first["planner"], "reused": True}
+    assert _ids(rows) == _ids(deep_plain)
+    # Proof that plan.json is what decides: a recorded gamma the planner would not pick is used.
+    record = json.loads((out / infer.PLAN).read_text())
+    record["plan"]["gamma"] = other = 1 if gamma != 1 else 2
+    (out / infer.PLAN).write_text(json.dumps(record))
+    predictions.write_text("")  # mixing gammas in one file cannot happen otherwise
+    rows, s = _run(inputs, out, *DEEP_TARGET, *AUTO)
+    assert s["gamma"] == other and [len(r["accepted_at"]) for r in rows] == [other] * 4
     assert _ids(rows) == _ids(deep_plain)
     with pytest.raises(JobError, match="different job.*gamma"):
         infer.main(_flags(inputs, out, *DEEP_TARGET, *AUTO, "--gin.GAMMA=3"))
