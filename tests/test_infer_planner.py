@@ -18,11 +18,11 @@ FAST = [
     "--gin.speculative.InferConfig.progress=False",
     "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
 ]
-# A 4-layer target whose embedding (std 30) dominates the residual stream, and the 1-layer draft
+# An 8-layer target whose embedding (std 30) dominates the residual stream, and the 1-layer draft
 # sharing its seed (embedding, first layer, head): they agree on nearly every greedy token (alpha
 # near 1) while the draft is much cheaper, so speculation must win by a wide margin.
 DEEP_TARGET = [
-    "--gin.target/decoder.DecoderConfig.num_layers=4",
+    "--gin.target/decoder.DecoderConfig.num_layers=8",
     "--gin.target/decoder.DecoderConfig.embedding_init_std=30.0",
     "--gin.draft/decoder.DecoderConfig.embedding_init_std=30.0",
 ]
