@@ -34,7 +34,8 @@ from speculative import checkpoints, fetch, sharded_checkpoints, vocab
 from speculative.drafts import layer_skip, ngram, prompt_lookup, shortlist
 from speculative.errors import JobError, strip_path
 from speculative.models import decoder, t5
-from speculative.models.base import DecodeState, LanguageModel, Params
+from speculative.models.base import LanguageModel
+from speculative.models.padding import PaddingMasked
 
 FORMATS = ("gguf", "hf_t5", "t5x", "random")
 VOCAB_KINDS = ("gguf", "sentencepiece", "byte")
@@ -433,38 +434,6 @@ def check_draft_vocabulary(spec: VocabSpec | None, target_vocabulary: vocab.Voca
 
 # ------------------------------------------------------------------------------------------------
 # Vocabulary size against the models' output size.
-
-
-@dataclasses.dataclass(frozen=True)
-class PaddingMasked:
-    """`model` whose output ids past the vocabulary never come out: logits are cut to `width`
-    columns and the ids from `used` on set to -inf, inside the jitted loop.
-
-    Draft and target are wrapped alike, so p and q both give the padding ids probability 0 and
-    the acceptance rule stays exact over the ids that remain. Hashable (a static jit argument);
-    everything but `vocab_size` and `extend` is the wrapped model's.
-    """
-
-    model: LanguageModel
-    used: int
-    width: int
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "model":  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.model, name)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.width
-
-    def extend(
-        self, params: Params, state: DecodeState, tokens: jax.Array
-    ) -> tuple[jax.Array, DecodeState]:
-        logits, state = self.model.extend(params, state, tokens)
-        logits = logits[..., : self.width]
-        ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-        return jnp.where(ids < self.used, logits, -jnp.inf), state
 
 
 def fit_vocabulary(

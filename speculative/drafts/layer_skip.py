@@ -19,6 +19,7 @@ from typing import Any
 
 from speculative.decoding import ModelDrafter
 from speculative.models import decoder
+from speculative.models.padding import PaddingMasked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,7 @@ class LayerSkipDrafter(ModelDrafter):
     """The first `num_layers` layers of `target` as a draft; params are the target's own.
 
     padding: (used, width) when the job masks padding ids out of the target
-    (`model_loading.PaddingMasked`): the draft is masked alike, so q never proposes them either.
+    (`models.padding.PaddingMasked`): the draft is masked alike, so q never proposes them either.
     """
 
     model: Any = dataclasses.field(init=False)
@@ -48,8 +49,6 @@ class LayerSkipDrafter(ModelDrafter):
         shallow = dataclasses.replace(self.target.config, num_layers=self.num_layers)
         model: Any = decoder.DecoderLM(shallow)
         if self.padding is not None:
-            from speculative.model_loading import PaddingMasked  # it imports this module
-
             model = PaddingMasked(model, *self.padding)
         object.__setattr__(self, "model", model)
 
@@ -59,8 +58,6 @@ class LayerSkipDrafter(ModelDrafter):
         return {k: v for k, v in params.items() if not k.startswith("layers_") or k in keep}
 
     def check_target(self, target: Any) -> None:
-        from speculative.model_loading import PaddingMasked
-
         if isinstance(target, PaddingMasked) and self.padding == (target.used, target.width):
             target = target.model
         if target != self.target:
