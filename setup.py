@@ -28,6 +28,7 @@ setup(
     extras_require={
         "dev": [
             "pytest>=8.0",
+            "pytest-xdist>=3.5",  # scripts/test.sh runs the suite on 2 workers
             "ruff>=0.5",
             "scipy>=1.11",
             "hypothesis>=6.100",  # loader fuzzing (tests/test_loader_fuzz.py)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv with the dev extras and runs the test suite.
-#   scripts/test.sh            default suite (no downloads, ~10 min on 2 cores)
+#   scripts/test.sh            default suite (no downloads), on 2 pytest-xdist workers: a test
+#                              mostly compiles on one core, and each worker is its own process
 #   scripts/test.sh --slow     real-weight checks only (downloads ~1.7 GB of GGUF weights once)
 #   scripts/test.sh ARGS...    extra pytest arguments
 set -euo pipefail
@@ -10,4 +11,5 @@ if [[ "${1:-}" == "--slow" ]]; then
   shift
   exec .venv/bin/python -m pytest -m slow "$@"
 fi
-exec .venv/bin/python -m pytest "$@"
+# --dist loadfile: a module's tests share one worker (module-scoped fixtures are built once).
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

@@ -7,6 +7,7 @@ speed: timings on tiny models are noise.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 
@@ -78,7 +79,9 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             assert p["round_parts_s"] == pytest.approx(
                 p["gamma"] * cell["draft_step_s"] + verify_s + sampling_s
             )
-            assert 0 < p["round_s"] < p["speculative_s"]
+            # Decode time less both prefills timed alone, per round: noise can make it <= 0 on a
+            # loaded machine (tiny models), so only its bound is checked, not its sign.
+            assert math.isfinite(p["round_s"]) and p["round_s"] < p["speculative_s"]
             # 3 inputs in batches of 2 -> 2 batches, inputs cycled to fill the second.
             assert p["plain_tokens"] <= 4 * 8 and p["speculative_tokens"] <= 4 * 8
             assert p["plain_compile_s"] > 0 and p["speculative_compile_s"] > 0
