@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -266,3 +268,19 @@ def greedy_reference_with_mid_eos(model, params, batch, max_len: int, vocab: int
     )
     assert np.asarray(ref.lengths).min() < max_len, "want a row that stops at the EOS"
     return eos_id, ref, free
+
+
+# ------------------------------------------------------------------------------------------------
+# The inference job on the tiny random-weight pair, as the job tests launch it.
+
+TINY_INFER = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+QUIET_INFER = [  # no cost timing, no progress bar: job tests check outputs, not speed
+    "--gin.speculative.InferConfig.measure_c=False",
+    "--gin.speculative.InferConfig.progress=False",
+]
+
+
+def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
+    """Writes one {"inputs": text} row per text to `path`; returns it."""
+    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))
+    return path

@@ -15,12 +15,12 @@ import pytest
 from speculative import benchmark, fit_ngram, infer
 from speculative.drafts import ngram
 from speculative.errors import JobError
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+TINY = helpers.TINY_INFER
 FAST = [
-    "--gin.speculative.InferConfig.measure_c=False",
-    "--gin.speculative.InferConfig.progress=False",
+    *helpers.QUIET_INFER,
     "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
     "--gin.BATCH_SIZE=2",
     "--gin.GAMMA=3",

@@ -19,13 +19,11 @@ import pytest
 
 from speculative import gin_flags, infer, job_io
 from speculative.errors import JobError
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
-FAST = [
-    "--gin.speculative.InferConfig.measure_c=False",
-    "--gin.speculative.InferConfig.progress=False",
-]
+TINY = helpers.TINY_INFER
+FAST = helpers.QUIET_INFER
 # Three prompts pad to width 8, three to width 16: a new width compiles, which keeps the resume
 # test's subprocess busy (for seconds) after its first rows are written, so it is killed mid-run.
 PROMPTS = ["Hi", "Ein", "x = 1", "def add(a, b):", "Hello, world!", "import numpy"]

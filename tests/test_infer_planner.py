@@ -10,12 +10,12 @@ import pytest
 
 from speculative import gin_flags, infer, planner
 from speculative.errors import JobError
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+TINY = helpers.TINY_INFER
 FAST = [
-    "--gin.speculative.InferConfig.measure_c=False",
-    "--gin.speculative.InferConfig.progress=False",
+    *helpers.QUIET_INFER,
     "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
 ]
 # An 8-layer target whose embedding (std 30) dominates the residual stream, and the 1-layer draft
@@ -54,9 +54,7 @@ def _cwd_repo_root(monkeypatch):
 
 
 def _inputs(tmp_path: pathlib.Path, texts) -> pathlib.Path:
-    path = tmp_path / f"in{len(texts)}.jsonl"
-    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))
-    return path
+    return helpers.write_jsonl(tmp_path / f"in{len(texts)}.jsonl", texts)
 
 
 def _flags(inputs: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:

@@ -23,13 +23,11 @@ from speculative import benchmark, gin_flags, infer, job_io
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from tests import gguf_testutil as gt
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
-FAST = [
-    "--gin.speculative.InferConfig.measure_c=False",
-    "--gin.speculative.InferConfig.progress=False",
-]
+TINY = helpers.TINY_INFER
+FAST = helpers.QUIET_INFER
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +35,7 @@ def _cwd_repo_root(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
-def _jsonl(path: pathlib.Path, texts) -> pathlib.Path:
-    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))
-    return path
+_jsonl = helpers.write_jsonl
 
 
 def _flags(inputs: pathlib.Path, out: pathlib.Path, *extra: str) -> list[str]:

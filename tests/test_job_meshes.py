@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
+TINY = helpers.TINY_INFER
 PROMPTS = ["Hi", "Ein", "x = 1", "def add(a, b):", "Hello, world!", "import numpy", "a", "bc"]
 MESHES = [(2, 4), (4, 2)]
 

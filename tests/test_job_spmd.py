@@ -19,18 +19,15 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from speculative import infer, job_spmd
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_models.gin"]
-FAST = [
-    "--gin.speculative.InferConfig.measure_c=False",
-    "--gin.speculative.InferConfig.progress=False",
-]
+TINY = helpers.TINY_INFER
+FAST = helpers.QUIET_INFER
 
 
 def _write_inputs(path: pathlib.Path) -> pathlib.Path:
-    path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in ["Hi", "x = 1", "abc"]))
-    return path
+    return helpers.write_jsonl(path, ["Hi", "x = 1", "abc"])
 
 
 def test_infer_job_on_meshes_of_8_host_devices(tmp_path):
