@@ -21,6 +21,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -252,7 +253,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     params = model.init_params(jax.random.PRNGKey(cfg.seed))
     opt_state = optimizer.init(params)
     start = 0
-    steps_done = t5x_write.checkpoint_steps(out)
+    # The latest checkpoint at or before `steps`: a run can be cut back to an earlier checkpoint
+    # (the one the validation loss preferred) by setting steps, as the schedule and the batches
+    # are functions of the step alone.
+    steps_done = [s for s in t5x_write.checkpoint_steps(out) if s <= cfg.steps]
     if steps_done:
         latest = out / f"checkpoint_{steps_done[-1]}"
         params = load_t5x(str(latest), model.config)
@@ -264,6 +268,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             raise JobError("a teacher needs teacher_checkpoint (a T5X checkpoint directory)")
         teacher_params = load_t5x(cfg.teacher_checkpoint, cfg.teacher.config)
     train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight)
+    earlier = _drop_records_after(out / "metrics.jsonl", start)
+    wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
+    started = time.perf_counter()
     log = open(out / "metrics.jsonl", "a", encoding="utf-8")
     bar = _progress(cfg, start)
     loss = float("nan")
@@ -278,6 +285,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
             record["validation_loss"] = validation_loss(params, model, valid_set, cfg.batch_size)
         if len(record) > 1:
+            record["wall_s"] = round(wall_before + time.perf_counter() - started, 2)
             log.write(json.dumps(record) + "\n")
             log.flush()
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
@@ -290,13 +298,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     log.close()
     history = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     plot_losses(history, out / "loss.png")
-    final = {"steps": cfg.steps, "loss": loss}
+    logged = [h["loss"] for h in history if "loss" in h]
+    final = {"steps": cfg.steps, "loss": logged[-1] if logged else loss}  # a finished run rerun
+    if history and "wall_s" in history[-1]:
+        final["train_s"] = history[-1]["wall_s"]  # summed over resumed runs, compilation included
     valid = [h["validation_loss"] for h in history if "validation_loss" in h]
     if valid:
         final["validation_loss"] = valid[-1]
     final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
     (out / "summary.json").write_text(json.dumps(final, indent=1))
     return final
+
+
+def _drop_records_after(path: pathlib.Path, step: int) -> list[dict]:
+    """Keeps (and returns) the metrics of steps <= `step`: a run killed after its last checkpoint
+    had logged steps that the resumed run repeats."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        path.write_text("".join(kept), encoding="utf-8")
+    return [json.loads(line) for line in kept]
 
 
 def _progress(cfg: TrainConfig, start: int):

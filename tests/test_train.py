@@ -68,12 +68,23 @@ def test_checkpoint_reads_back_bit_identical(tmp_path):
 
 def test_resume_after_a_kill_matches_an_uninterrupted_run(trained, tmp_path):
     out, _ = trained
-    _run(tmp_path, 20)  # "killed" after its step-20 checkpoint...
+    _run(tmp_path, 20)  # "killed" after its step-20 checkpoint, having logged step 25...
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 25, "loss": 99.0}) + "\n")
     _run(tmp_path, 40)  # ...and started again with the full schedule
     a = checkpoints.load_t5x(str(tmp_path / "checkpoint_40"), _config())
     b = checkpoints.load_t5x(str(out / "checkpoint_40"), _config())
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
+
+    # the steps after the checkpoint are logged once, as the uninterrupted run logged them
+    def logged(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["wall_s"] > 0 for r in rows)
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+    assert logged(tmp_path) == logged(out)
+    assert json.loads((tmp_path / "summary.json").read_text())["train_s"] > 0
 
 
 def _config():
