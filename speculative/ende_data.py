@@ -9,16 +9,26 @@ full stop, 25-80 characters on the German side, and free of the dictionary's mar
 (`/ ( ) { } [ ] ; |`) and abbreviations (`jd. etw. sb. sth.`). trans-de-en 1.9-6 yields 10,658.
 
 Splits are a pure function of the English sentence (a hash: 90% train, 5% validation, 5% test), so
-they do not depend on file order or version. The SentencePiece vocabulary is trained on the
-training split alone, T5-style: pad 0, EOS 1, unk 2, no BOS.
+they do not depend on file order or version. Each split is written twice: `{split}.tsv`
+(english<TAB>german, what the trainer and the seqio Task read) and `{split}.jsonl` ({"inputs":
+T5's prefix + english, "targets": german}, what the benchmark job and fit_ngram read). The
+SentencePiece vocabulary is trained on the training split alone, T5-style: pad 0, EOS 1, unk 2,
+no BOS.
 
     python -m speculative.ende_data --out data/ende --vocab_size 4000
+
+Sequence-level distillation labels (DistillSpec): the target's own translations of the training
+inputs, from `speculative.infer` runs over the Task's train split, as a training TSV:
+
+    python -m speculative.ende_data --labels_from runs/ende/labels_t0 runs/ende/labels_t1 \
+        --labels_out data/ende/train_distill.tsv
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import pathlib
 import re
 import subprocess
@@ -66,7 +76,33 @@ def write_splits(pairs: Sequence[tuple[str, str]], out: pathlib.Path) -> dict[st
             rows[split_of(english)].append(f"{english}\t{german}\n")
     for split, lines in rows.items():
         (out / f"{split}.tsv").write_text("".join(lines), encoding="utf-8")
+        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for line in lines:
+                english, german = line.rstrip("\n").split("\t")
+                record = {"inputs": TASK_PREFIX + english, "targets": german}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return {split: len(lines) for split, lines in rows.items()}
+
+
+def distillation_pairs(prediction_dirs: Sequence[pathlib.Path]) -> list[tuple[str, str]]:
+    """(english, the target's translation) of every row of each infer run's predictions.jsonl,
+    in order; the runs decoded the Task's inputs, so T5's prefix is stripped again. A row whose
+    input lacks the prefix, or an empty output, is an error (the labels would be wrong)."""
+    pairs = []
+    for run in prediction_dirs:
+        path = pathlib.Path(run) / "predictions.jsonl"
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                row = json.loads(line)
+                source, output = row["inputs"], row["output"].strip()
+                if not source.startswith(TASK_PREFIX) or not output:
+                    raise ValueError(f"{path}:{line_no}: not a translation of a prefixed input")
+                if "\t" in output or "\n" in output:
+                    output = " ".join(output.split())
+                pairs.append((source[len(TASK_PREFIX) :], output))
+    if not pairs:
+        raise ValueError(f"no predictions in {list(map(str, prediction_dirs))}")
+    return pairs
 
 
 def train_sentencepiece(
@@ -103,7 +139,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
     parser.add_argument("--out", default="data/ende")
     parser.add_argument("--dictionary", help="an unpacked de-en file (default: download it)")
     parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--labels_from", nargs="+", type=pathlib.Path, help="infer OUTPUT_DIRs")
+    parser.add_argument("--labels_out", type=pathlib.Path, help="the distillation TSV to write")
     args = parser.parse_args(argv)
+    if args.labels_from:
+        if not args.labels_out:
+            parser.error("--labels_from needs --labels_out")
+        pairs = distillation_pairs(args.labels_from)
+        lines = "".join(f"{english}\t{german}\n" for english, german in pairs)
+        args.labels_out.write_text(lines, encoding="utf-8")
+        print(f"{len(pairs)} distillation pairs in {args.labels_out}")
+        return {"distill": len(pairs)}
     out = pathlib.Path(args.out)
     source = (
         pathlib.Path(args.dictionary) if args.dictionary else fetch_dictionary(out / "download")

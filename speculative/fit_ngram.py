@@ -8,7 +8,9 @@ vocabulary loading (`speculative.VocabSpec`) and counted by `drafts.ngram.fit`; 
 writes the .npz that `NGRAM_TABLES` names. vocab_size must be the target's output width as the
 job sees it (default: the vocabulary's size; a model table padded past the tokenizer keeps its
 padded width, e.g. 264 for configs/demo/tiny_random_models.gin). Fitting on the target's own
-samples: pass the predictions.jsonl of an infer run with --input_field=output.
+samples: pass the predictions.jsonl of an infer run with --input_field=output. --count=targets
+counts the targets alone: for a translation target (configs/repro), whose decoder only ever
+emits the target language, the source side would blur the tables.
 --input_file=python_stdlib counts this interpreter's standard library sources instead
 (`drafts.shortlist.python_sources`, the first --stdlib_bytes of text), e.g. for code targets:
 
@@ -29,6 +31,7 @@ from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
 
 STDLIB = "python_stdlib"  # --input_file naming the standard library's .py sources
+COUNT_CHOICES = ("both", "inputs", "targets")
 
 
 def token_sequences(
@@ -37,14 +40,19 @@ def token_sequences(
     input_field: str,
     limit: int | None = None,
     stdlib_bytes: int = 8 << 20,
+    count: str = "both",
 ) -> list[list[int]]:
-    """Token ids of every example's input (and target) text, one sequence per text; for
-    input_file STDLIB, of each standard library source file (up to stdlib_bytes of text)."""
+    """Token ids of every example's input and/or target text (count: "both", "inputs" or
+    "targets"), one sequence per text; for input_file STDLIB, of each standard library source
+    file (up to stdlib_bytes of text)."""
+    if count not in COUNT_CHOICES:
+        raise JobError(f"count must be one of {COUNT_CHOICES}, got {count!r}")
     if input_file == STDLIB:
         texts = shortlist.python_sources(stdlib_bytes)[:limit]
         return [list(vocabulary.encode(t)) for t in texts]
     examples = inputs.read_examples(input_file, input_field=input_field, limit=limit)
-    texts = [t for ex in examples for t in (ex.inputs, ex.targets) if t]
+    sides = {"both": ("inputs", "targets"), "inputs": ("inputs",), "targets": ("targets",)}
+    texts = [t for ex in examples for t in (getattr(ex, side) for side in sides[count]) if t]
     return [list(vocabulary.encode(t)) for t in texts]
 
 
@@ -56,12 +64,13 @@ def fit_file(
     vocab_size: int | None = None,
     limit: int | None = None,
     stdlib_bytes: int = 8 << 20,
+    count: str = "both",
 ) -> ngram.NgramTables:
     """Tokenises `input_file` with `vocab_spec`, fits the tables and writes them to `out`
     (`~` expanded, its folder made)."""
     vocabulary = ml.load_vocabulary(vocab_spec, "vocabulary")
     width = vocab_size if vocab_size is not None else vocab.used_size(vocabulary)
-    sequences = token_sequences(vocabulary, input_file, input_field, limit, stdlib_bytes)
+    sequences = token_sequences(vocabulary, input_file, input_field, limit, stdlib_bytes, count)
     if not sequences:
         raise JobError(f"no text to count in {input_file}")
     if max(max(s, default=0) for s in sequences) >= width:
@@ -85,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_examples", type=int, default=None)
     parser.add_argument("--vocab_size", type=int, default=None)
     parser.add_argument("--stdlib_bytes", type=int, default=8 << 20)
+    parser.add_argument("--count", choices=COUNT_CHOICES, default="both")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)
@@ -97,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.vocab_size,
             args.num_examples,
             args.stdlib_bytes,
+            args.count,
         )
     except JobError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -119,6 +119,13 @@ def seqio_tsv_task(
 
 
 @gin.configurable(module="speculative")
+def ende_task(data_dir: str = "data/ende", vocabulary: str = "data/ende/spm.model") -> str:
+    """Registers the EnDe reproduction's Task `speculative_ende_mini` over the splits that
+    `python -m speculative.ende_data` wrote (configs/repro/base.gin); returns its name."""
+    return seqio_tasks_module().add_ende_task(data_dir, vocabulary)
+
+
+@gin.configurable(module="speculative")
 def paper_tasks(vocabulary: str | None = None) -> None:
     """Registers the Table 2 tasks (speculative_wmt_t2t_ende, speculative_cnn_dailymail)."""
     module = seqio_tasks_module()

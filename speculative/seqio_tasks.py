@@ -91,9 +91,11 @@ def add_tsv_task(name: str, path: str, prefix: str, vocab: str, split: str) -> s
 
 def add_ende_task(data_dir: str, vocab: str, name: str = "speculative_ende_mini") -> str:
     """The EnDe reproduction's Task over `speculative.ende_data`'s splits (train / validation /
-    test .tsv in data_dir), T5's prefix "translate English to German: ", EOS appended. vocab: the
-    SentencePiece model `ende_data` trained (or "byte")."""
+    test .tsv in data_dir, and "heldout" = validation then test, for measurements that want more
+    tokens than one split holds), T5's prefix "translate English to German: ", EOS appended.
+    vocab: the SentencePiece model `ende_data` trained (or "byte")."""
     files = {split: f"{data_dir}/{split}.tsv" for split in ("train", "validation", "test")}
+    files["heldout"] = [files["validation"], files["test"]]
     return _add(
         name,
         source=seqio.TextLineDataSource(files, cycle_length=1),

@@ -75,6 +75,21 @@ def test_fit_ngram_cli_writes_tables_of_the_corpus(tmp_path):
     assert int(np.asarray(tables.successors)[100, 0]) == 101
 
 
+def test_fit_ngram_counts_the_targets_alone_when_asked(tmp_path):
+    corpus = tmp_path / "pairs.jsonl"
+    corpus.write_text(json.dumps({"inputs": "xxxx", "targets": "abab"}) + "\n")
+    for count, x_seen in (("both", True), ("targets", False)):
+        out = tmp_path / f"{count}.npz"
+        argv = ["--vocab_kind=byte", f"--input_file={corpus}", f"--out={out}", f"--count={count}"]
+        assert fit_ngram.main(argv) == 0
+        tables = ngram.load(str(out))
+        # "x" is byte 120 -> id 123; "a" -> "b" is the only bigram of the targets
+        assert (int(np.asarray(tables.successors)[123, 0]) == 123) is x_seen
+        assert int(np.asarray(tables.successors)[100, 0]) == 101
+    with pytest.raises(JobError, match="count must be one of"):
+        fit_ngram.token_sequences(None, str(corpus), "inputs", count="sources")
+
+
 @pytest.mark.parametrize(
     "kind, extra",
     [

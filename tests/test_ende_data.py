@@ -1,5 +1,6 @@
 """The EnDe data pipeline: dictionary lines -> sentence pairs -> hashed splits -> SentencePiece."""
 
+import json
 import pathlib
 
 import pytest
@@ -42,6 +43,50 @@ def test_splits_are_a_function_of_the_sentence(tmp_path):
     assert {ende_data.split_of(p[0]) for p in pairs} <= set(ende_data.SPLITS)
 
 
+def test_jsonl_splits_hold_the_prefixed_inputs_of_the_tsv(tmp_path):
+    pairs = [
+        tuple(line.split("\t"))
+        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+    ]
+    ende_data.write_splits(pairs, tmp_path)
+    for split in ende_data.SPLITS:
+        tsv = [line.split("\t") for line in (tmp_path / f"{split}.tsv").read_text().splitlines()]
+        rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+        assert [(r["inputs"], r["targets"]) for r in rows] == [
+            ("translate English to German: " + en, de) for en, de in tsv
+        ]
+
+
+def _predictions(run: pathlib.Path, rows: list[dict]) -> pathlib.Path:
+    run.mkdir()
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_distillation_pairs_are_the_targets_translations(tmp_path):
+    prefix = "translate English to German: "
+    greedy = _predictions(
+        tmp_path / "t0",
+        [
+            {"index": 0, "inputs": prefix + "A cat.", "output": "Eine Katze."},
+            {"index": 1, "inputs": prefix + "A dog.", "output": "Ein\tHund.\n"},
+        ],
+    )
+    sampled = _predictions(
+        tmp_path / "t1", [{"index": 0, "inputs": prefix + "A cat.", "output": " Katze."}]
+    )
+    out = tmp_path / "distill.tsv"
+    assert ende_data.main(["--labels_from", str(greedy), str(sampled), "--labels_out", str(out)])
+    assert out.read_text().splitlines() == [
+        "A cat.\tEine Katze.",
+        "A dog.\tEin Hund.",  # a tab or newline in an output would break the TSV
+        "A cat.\tKatze.",
+    ]
+    bad = _predictions(tmp_path / "bad", [{"index": 0, "inputs": "A cat.", "output": "Katze."}])
+    with pytest.raises(ValueError, match="predictions.jsonl:1: not a translation"):
+        ende_data.distillation_pairs([bad])
+
+
 def test_sentencepiece_is_t5_style(tmp_path):
     sentencepiece = pytest.importorskip("sentencepiece")
     model = ende_data.train_sentencepiece(
@@ -71,6 +116,8 @@ def test_seqio_task_over_the_splits(tmp_path):
     for split in ende_data.SPLITS:
         examples = list(task.get_dataset(None, split=split, shuffle=False).as_numpy_iterator())
         assert len(examples) == counts[split]
+    heldout = list(task.get_dataset(None, split="heldout", shuffle=False).as_numpy_iterator())
+    assert len(heldout) == counts["validation"] + counts["test"]
     first = examples[0]
     assert vocabulary.decode(first["inputs"].tolist()).startswith("translate English to German: ")
     assert first["inputs"][-1] == 1 and first["targets"][-1] == 1  # EOS appended
