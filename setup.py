@@ -38,6 +38,8 @@ setup(
             "accelerate>=0.26",  # transformers needs it to load GGUF files (slow real-weight test)
         ],
         "seqio": ["seqio>=0.0.19"],
+        # scripts/reproduce_ende.sh: the EnDe reproduction's seqio Task and BLEU.
+        "repro": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         # scripts/compare_hf.py only: the Hugging Face anchor (torch CPU, transformers' GGUF reader).
         "compare": ["torch>=2.2", "transformers>=4.45", "accelerate>=0.26"],
         # Orbax-format T5X checkpoints (checkpoints.load_t5x reads classic T5X ones without it).

@@ -9,9 +9,11 @@ python3 -m venv .venv 2>/dev/null || python3 -m venv --without-pip .venv
 py=.venv/bin/python
 "$py" -m pip --version >/dev/null 2>&1 || "$py" -m ensurepip --upgrade >/dev/null
 if [[ -n "$extras" ]]; then
-  # torch is a test oracle only. Pin the CPU build explicitly: a bare range would pull a multi-GB
-  # CUDA build on a fresh machine.
-  "$py" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  if [[ ",$extras," == *,dev,* || ",$extras," == *,compare,* ]]; then
+    # torch is a test oracle only. Pin the CPU build explicitly: a bare range would pull a
+    # multi-GB CUDA build on a fresh machine.
+    "$py" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  fi
   "$py" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
 else
   "$py" -m pip install --quiet --disable-pip-version-check -e .

@@ -44,6 +44,28 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     return int(gammas[int(np.argmax(speedups))])
 
 
+def position_betas(
+    target_logits: jax.Array, draft_logits: jax.Array, temperature: float, vocab_size: int
+) -> jax.Array:
+    """beta = sum_x min(p(x), q(x)) at every position: [B, L, V] x2 -> [B, L] float32.
+
+    Teacher-forced on one token sequence (e.g. the target's own outputs), this measures alpha at
+    every position alike. A decode loop's pooled alpha is taken over the positions it verified,
+    and those depend on gamma: a block's later positions are verified only after easy ones were
+    accepted. temperature 0 compares the arg-maxes (beta is 1 or 0); ids >= vocab_size (padding
+    rows of the model tables) are excluded, as the decoders exclude them.
+    """
+    width = min(target_logits.shape[-1], draft_logits.shape[-1], vocab_size)
+    p_logits = target_logits[..., :width].astype(jax.numpy.float32)
+    q_logits = draft_logits[..., :width].astype(jax.numpy.float32)
+    if temperature == 0:
+        same = jax.numpy.argmax(p_logits, -1) == jax.numpy.argmax(q_logits, -1)
+        return same.astype(jax.numpy.float32)
+    p = jax.nn.softmax(p_logits / temperature, axis=-1)
+    q = jax.nn.softmax(q_logits / temperature, axis=-1)
+    return jax.numpy.sum(jax.numpy.minimum(p, q), axis=-1)
+
+
 def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
     """The one pooling of per-row decode statistics into batch- or run-level numbers.
 

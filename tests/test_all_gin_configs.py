@@ -126,6 +126,10 @@ def test_gin_file_parses_and_binds(path):
         files = ["configs/paper/base.gin", _rel(path)]  # a draft needs the target's base
     elif _rel(path) == "configs/paper/base.gin":  # and the base needs a draft
         files = [_rel(path), "configs/paper/drafts/t5_1_1_small.gin"]
+    elif _rel(path).startswith("configs/repro/drafts/"):
+        files = ["configs/repro/base.gin", _rel(path)]
+    elif _rel(path) in ("configs/repro/base.gin", "configs/repro/models.gin"):
+        files = ["configs/runs/infer.gin", _rel(path), "configs/repro/drafts/small.gin"]
     else:
         files = _job_files(path)
     _parse_binding_required_to_none(files)
@@ -184,6 +188,67 @@ def test_paper_rows(key, gamma):
     assert cfg.vocabulary.kind == "sentencepiece" and cfg.vocabulary.path.startswith(
         "gs://t5-data/"
     )
+
+
+# configs/repro: draft name -> the configs/train file that trains it.
+REPRO_DRAFTS = {
+    "small": "ende_draft_small",
+    "base": "ende_draft_base",
+    "large": "ende_draft_large",
+    "small_distilled": "ende_draft_small_distilled",
+}
+
+
+def _trained(name: str) -> tuple[t5.T5Config, int]:
+    """The model configs/train/<name>.gin trains, and its last step (the checkpoint the jobs read)."""
+    from speculative import train  # registers speculative.TrainConfig
+
+    gin.clear_config()
+    _parse_binding_required_to_none([f"configs/train/{name}.gin"])
+    cfg = train.TrainConfig()
+    gin.clear_config()
+    return cfg.model.config, cfg.steps
+
+
+def _trained_model_config(name: str) -> t5.T5Config:
+    return _trained(name)[0]
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+@pytest.mark.parametrize("draft", [*REPRO_DRAFTS, "unigram", "bigram"])
+def test_repro_rows_decode_the_models_the_trainer_trains(draft, temperature):
+    target, target_steps = _trained("ende_target")
+    trained, steps = _trained(REPRO_DRAFTS[draft]) if draft in REPRO_DRAFTS else (None, None)
+    _parse_binding_required_to_none([f"configs/repro/ende_t{temperature}_{draft}.gin"])
+    cfg = job_config.InferConfig()
+    assert cfg.target.model.config == target and cfg.target.format == "t5x"
+    assert cfg.target.path == f"runs/ende/target/checkpoint_{target_steps}"
+    if trained is None:
+        assert isinstance(cfg.draft, model_loading.DraftSpec) and cfg.draft.kind == draft
+        assert cfg.draft.tables == "runs/ende/ngram.npz"
+    else:
+        assert cfg.draft.model.config == trained and cfg.draft.format == "t5x"
+        assert cfg.draft.path == f"runs/ende/draft_{draft}/checkpoint_{steps}"
+    assert (cfg.sampling.temperature, cfg.batch_size, cfg.speculative) == (temperature, 1, True)
+    assert cfg.mixture_or_task_name == "speculative_ende_mini" and cfg.task_split == "test"
+    assert cfg.input_file is None and cfg.task_setup is job_config.ende_task
+    assert cfg.vocabulary == model_loading.VocabSpec("sentencepiece", "data/ende/spm.model", 100)
+    assert 1 <= cfg.gamma <= 8
+
+
+def test_repro_benchmark_times_every_trained_draft():
+    trained = {name: _trained_model_config(REPRO_DRAFTS[name]) for name in REPRO_DRAFTS}
+    target = _trained_model_config("ende_target")
+    _parse_binding_required_to_none(["configs/repro/benchmark.gin"])
+    cfg = job_config.BenchmarkConfig()
+    assert cfg.target.model.config == target
+    variants = {v.name: v.draft for v in cfg.variants}
+    assert set(variants) == {*REPRO_DRAFTS, "unigram", "bigram"}
+    for name, config in trained.items():
+        assert variants[name].model.config == config
+        steps = _trained(REPRO_DRAFTS[name])[1]
+        assert variants[name].path == f"runs/ende/draft_{name}/checkpoint_{steps}"
+    assert cfg.input_file == "data/ende/test.jsonl" and cfg.batch_sizes == [1]
 
 
 def test_paper_checkpoints_are_required_macros():

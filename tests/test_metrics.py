@@ -46,3 +46,22 @@ def test_summarize_pools_over_verified_positions():
     assert out["alpha"] == pytest.approx(3 / 5)
     assert out["tau"] == pytest.approx(2.0)
     assert out["acceptance_by_position"] == pytest.approx([2 / 3, 0.5])
+
+
+def test_position_betas_are_the_overlap_of_the_two_distributions():
+    rng = np.random.default_rng(0)
+    target, draft = rng.normal(size=(2, 3, 12)), rng.normal(size=(2, 3, 12))
+    draft[..., 10:] = 50.0  # padding ids (>= vocab_size 10): never counted, however likely
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    for temperature in (1.0, 0.5):
+        p, q = softmax(target[..., :10] / temperature), softmax(draft[..., :10] / temperature)
+        betas = np.asarray(metrics.position_betas(target, draft, temperature, vocab_size=10))
+        np.testing.assert_allclose(betas, np.minimum(p, q).sum(-1), rtol=1e-5)
+    greedy = np.asarray(metrics.position_betas(target, draft, 0.0, vocab_size=10))
+    same = target[..., :10].argmax(-1) == draft[..., :10].argmax(-1)
+    np.testing.assert_array_equal(greedy, same.astype(np.float32))
+    assert np.all(np.asarray(metrics.position_betas(target, target, 1.0, 10)) > 1 - 1e-5)

@@ -1,0 +1,96 @@
+"""alpha at every position of the target's own outputs, teacher-forced (the paper's Table 3
+measure): both models score each output of an infer run in one pass, and beta =
+sum_x min(p(x), q(x)) is averaged over every generated token (metrics.position_betas).
+
+    python scripts/teacher_forced_alpha.py --gin_file=configs/repro/ende_t0_small.gin \
+        --predictions runs/ende/alpha/t0_small --out runs/ende/alpha_tf/t0_small.json
+
+The gin file names the target, the draft (a T5 of the same vocabulary), the vocabulary and the
+temperature; the predictions are any infer run's outputs of that target (speculative outputs
+are the target's own, greedy or sampled: the algorithm is exact). Encoder-decoder models only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import configurables, gin_flags, job_config, metrics  # noqa: F401 (gin names)
+from speculative import model_loading as ml
+from speculative.vocab import base as vocab_base
+
+BATCH = 64
+
+
+def _padded(rows: list[list[int]]) -> np.ndarray:
+    width = max(8, -(-max(len(r) for r in rows) // 8) * 8)
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -> dict:
+    target = ml.load_model(cfg.target, "target")
+    draft = ml.load_model(cfg.draft, "draft")
+    for role, loaded in (("target", target), ("draft", draft)):
+        if not getattr(loaded.model, "is_encoder_decoder", False):
+            raise SystemExit(f"error: the {role} is not an encoder-decoder T5")
+    vocabulary = ml.load_vocabulary(cfg.vocabulary)
+    eos = vocab_base.stop_ids(vocabulary)[0]
+    limit = cfg.feature_lengths["inputs"]
+    rows = [json.loads(x) for x in (predictions / "predictions.jsonl").read_text().splitlines()]
+    temperature = float(cfg.sampling.temperature)
+    vocab_size = vocab_base.used_size(vocabulary)  # 4,100: the 124 padding ids are masked
+
+    @jax.jit
+    def betas(tp, dp, encoder, decoder, targets):
+        t_logits = target.model.forward(tp, encoder, decoder)
+        d_logits = draft.model.forward(dp, encoder, decoder)
+        beta = metrics.position_betas(t_logits, d_logits, temperature, vocab_size)
+        return jnp.sum(beta * (targets != 0)), jnp.sum(targets != 0)
+
+    total, tokens = 0.0, 0
+    for start in range(0, len(rows), BATCH):
+        chunk = rows[start : start + BATCH]
+        encoder = _padded(
+            [list(vocabulary.encode(r["inputs"]))[: limit - 1] + [eos] for r in chunk]
+        )
+        outputs = [r["output_ids"] for r in chunk]
+        targets = _padded(outputs)
+        decoder = np.pad(targets[:, :-1], ((0, 0), (1, 0)))  # decoder start token 0
+        s, n = betas(target.params, draft.params, encoder, decoder, targets)
+        total, tokens = total + float(s), tokens + int(n)
+    return {
+        "alpha": total / tokens,
+        "tokens": tokens,
+        "examples": len(rows),
+        "temperature": temperature,
+        "target": ml.describe(cfg.target),
+        "draft": ml.describe(cfg.draft),
+        "predictions": str(predictions),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gin_file", required=True)
+    parser.add_argument("--predictions", type=pathlib.Path, required=True)
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    args = parser.parse_args(argv)
+    gin_flags.parse_gin([args.gin_file], ["OUTPUT_DIR = None"])
+    result = alpha_over_outputs(job_config.InferConfig(), args.predictions)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"alpha {result['alpha']:.3f} over {result['tokens']} tokens: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
