@@ -54,9 +54,12 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
         t_logits = target.model.forward(tp, encoder, decoder)
         d_logits = draft.model.forward(dp, encoder, decoder)
         beta = metrics.position_betas(t_logits, d_logits, temperature, vocab_size)
-        return jnp.sum(beta * (targets != 0)), jnp.sum(targets != 0)
+        mask = targets != 0
+        # The alignment check: the target's own arg-max, teacher-forced, is its greedy output.
+        own = jnp.argmax(t_logits[..., :vocab_size], axis=-1) == targets
+        return jnp.sum(beta * mask), jnp.sum(mask), jnp.sum(own & mask)
 
-    total, tokens = 0.0, 0
+    total, tokens, reproduced = 0.0, 0, 0
     for start in range(0, len(rows), BATCH):
         chunk = rows[start : start + BATCH]
         encoder = _padded(
@@ -65,11 +68,19 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
         outputs = [r["output_ids"] for r in chunk]
         targets = _padded(outputs)
         decoder = np.pad(targets[:, :-1], ((0, 0), (1, 0)))  # decoder start token 0
-        s, n = betas(target.params, draft.params, encoder, decoder, targets)
-        total, tokens = total + float(s), tokens + int(n)
+        s, n, own = betas(target.params, draft.params, encoder, decoder, targets)
+        total, tokens, reproduced = total + float(s), tokens + int(n), reproduced + int(own)
+    if temperature == 0 and reproduced < 0.99 * tokens:
+        # Greedy outputs must be the target's arg-max at (nearly: float near-ties) every
+        # position; if not, inputs or positions are misaligned and alpha would be wrong.
+        raise SystemExit(
+            f"error: the target's teacher-forced arg-max reproduces only {reproduced} of "
+            f"{tokens} greedy output tokens in {predictions}: not this target's greedy outputs"
+        )
     return {
         "alpha": total / tokens,
         "tokens": tokens,
+        "target_argmax_reproduces": reproduced / tokens,
         "examples": len(rows),
         "temperature": temperature,
         "target": ml.describe(cfg.target),
@@ -83,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gin_file", required=True)
     parser.add_argument("--predictions", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--binding", action="append", default=[], help="a gin binding")
     args = parser.parse_args(argv)
-    gin_flags.parse_gin([args.gin_file], ["OUTPUT_DIR = None"])
+    gin_flags.parse_gin([args.gin_file], ["OUTPUT_DIR = None", *args.binding])
     result = alpha_over_outputs(job_config.InferConfig(), args.predictions)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

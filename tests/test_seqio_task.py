@@ -54,3 +54,39 @@ def test_task_name_without_seqio_says_how_to_install(monkeypatch):
     monkeypatch.delitem(sys.modules, "speculative.seqio_tasks", raising=False)
     with pytest.raises(JobError, match=r"needs the seqio extra.*pip install"):
         seqio_tasks_module()
+
+
+def test_teacher_forced_alpha_over_an_infer_runs_outputs(tmp_path, monkeypatch):
+    """scripts/teacher_forced_alpha.py on a real greedy run: aligned (the target's teacher-forced
+    arg-max is its greedy output), alpha 1 for a draft equal to the target, below it otherwise."""
+    pytest.importorskip("seqio", reason="seqio extra not installed (pip install .[seqio])")
+    import importlib.util
+
+    monkeypatch.chdir(ROOT)
+    script = importlib.util.spec_from_file_location(
+        "teacher_forced_alpha", ROOT / "scripts" / "teacher_forced_alpha.py"
+    )
+    module = importlib.util.module_from_spec(script)
+    script.loader.exec_module(module)
+    gin_file = "tests/data/tiny_t5_seqio.gin"
+    infer.main(
+        [
+            f"--gin_file={gin_file}",
+            f"--gin.OUTPUT_DIR='{tmp_path / 'run'}'",
+            "--gin.SPECULATIVE=False",
+            "--gin.speculative.InferConfig.progress=False",
+        ]
+    )
+    rows = [json.loads(x) for x in (tmp_path / "run/predictions.jsonl").read_text().splitlines()]
+    same = ["draft/t5.T5Config.num_decoder_layers = 2"]  # then the draft IS the target (seed 0)
+    results = {}
+    for name, bindings in (("other", []), ("same", same)):
+        out = tmp_path / f"{name}.json"
+        argv = ["--gin_file", gin_file, "--predictions", str(tmp_path / "run"), "--out", str(out)]
+        assert module.main(argv + [f"--binding={b}" for b in bindings]) == 0
+        results[name] = json.loads(out.read_text())
+    for result in results.values():
+        assert result["tokens"] == sum(r["length"] for r in rows)
+        assert result["target_argmax_reproduces"] == 1.0
+    assert results["same"]["alpha"] == 1.0
+    assert 0.0 <= results["other"]["alpha"] < 1.0
