@@ -116,10 +116,11 @@ def encode(
 
     inputs = [ids(prefix + src, lengths["inputs"]) for src, _ in pairs]
     targets = [ids(tgt, lengths["targets"]) for _, tgt in pairs]
-    return Examples(_pad(inputs), _pad(targets))
+    return Examples(pad_rows(inputs), pad_rows(targets))
 
 
-def _pad(rows: list[list[int]], multiple: int = 8) -> np.ndarray:
+def pad_rows(rows: Sequence[Sequence[int]], multiple: int = 8) -> np.ndarray:
+    """[N, W] int32, 0-padded, W the longest row rounded up to `multiple` (few shapes to compile)."""
     width = -(-max(len(r) for r in rows) // multiple) * multiple
     out = np.full((len(rows), width), PAD, np.int32)
     for i, r in enumerate(rows):
