@@ -128,7 +128,9 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
             )
         temps = list(v.temperatures) if v.temperatures is not None else list(cfg.temperatures)
         outside = [t for t in temps if float(t) not in {float(x) for x in cfg.temperatures}]
-        if not temps or outside:
+        if temps and len(outside) == len(temps):  # TEMPERATURES narrowed to split a sweep
+            print(f"variant {v.name!r} skipped: it runs at {temps}, none of TEMPERATURES")
+        elif not temps or outside:
             raise JobError(
                 f"variant {v.name!r}: temperatures {temps} must be a non-empty subset of "
                 f"TEMPERATURES {list(cfg.temperatures)}"
@@ -139,10 +141,12 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
 
 
 def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
-    """cfg.variants with their defaults filled in (draft, gammas, temperatures); without
-    variants, the one variant "default": cfg.draft at cfg.gammas with cfg.lenience."""
+    """cfg.variants with their defaults filled in (draft, gammas, temperatures), less those that
+    run at none of cfg.temperatures; without variants, the one variant "default": cfg.draft at
+    cfg.gammas with cfg.lenience."""
     if cfg.variants is None:
         return [Variant("default", cfg.draft, float(cfg.lenience), gammas=tuple(cfg.gammas))]
+    temperatures = {float(t) for t in cfg.temperatures}
     return [
         dataclasses.replace(
             v,
@@ -151,6 +155,7 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
             temperatures=None if v.temperatures is None else tuple(map(float, v.temperatures)),
         )
         for v in cfg.variants
+        if v.temperatures is None or temperatures & {float(t) for t in v.temperatures}
     ]
 
 

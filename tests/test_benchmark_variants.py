@@ -130,7 +130,10 @@ def _cfg(**overrides) -> job_config.BenchmarkConfig:
     [
         ((Variant("a"), Variant("a")), "^variant 'a': duplicate name$"),
         ((Variant(""),), "non-empty name"),
-        ((Variant("hot", temperatures=(0.5,)),), "^variant 'hot': temperatures .* subset of"),
+        (
+            (Variant("hot", temperatures=(0.5, 1.0)),),
+            "^variant 'hot': temperatures .* subset of",
+        ),
         ((Variant("zero", lenience=0.0),), r"^variant 'zero': lenience must be in \(0, 1\]"),
         ((Variant("g", gammas=(0,)),), "^variant 'g': gammas must be"),
         ((Variant("d", draft=ml.DraftSpec("nope")),), "^variant 'd' draft: unknown DraftSpec"),
@@ -153,6 +156,13 @@ def test_good_variants_validate_and_fill_defaults():
     assert benchmark.distinct_drafts([a, b]) == [cfg.draft]  # equal specs: one draft
     assert benchmark.variants_of(_cfg(variants=None))[0].name == "default"
     assert isinstance(a.gamma_policy, GammaPolicy)
+
+
+def test_narrowed_temperatures_skip_the_variants_that_run_at_none_of_them(capsys):
+    cfg = _cfg(temperatures=(0.0,))  # a T = 0 half of a sweep whose variant "b" is T = 1 only
+    benchmark.validate(cfg)
+    assert "variant 'b' skipped: it runs at [1.0], none of TEMPERATURES" in capsys.readouterr().out
+    assert [v.name for v in benchmark.variants_of(cfg)] == ["a"]
 
 
 @pytest.mark.parametrize("name", ["qwen_coder_drafts.gin", "qwen_coder_gamma_policies.gin"])
