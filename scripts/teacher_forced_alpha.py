@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import configurables, gin_flags, job_config, metrics, train  # noqa: F401 (gin names)
+from speculative import configurables, gin_flags, inputs, job_config, metrics  # noqa: F401 (gin names)
 from speculative import model_loading as ml
 from speculative.vocab import base as vocab_base
 
@@ -54,11 +54,11 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
     total, tokens, reproduced = 0.0, 0, 0
     for start in range(0, len(rows), BATCH):
         chunk = rows[start : start + BATCH]
-        encoder = train.pad_rows(
+        encoder = inputs.pad_rows(
             [list(vocabulary.encode(r["inputs"]))[: limit - 1] + [eos] for r in chunk]
         )
         outputs = [r["output_ids"] for r in chunk]
-        targets = train.pad_rows(outputs)
+        targets = inputs.pad_rows(outputs)
         decoder = np.pad(targets[:, :-1], ((0, 0), (1, 0)))  # decoder start token 0
         s, n, own = betas(target.params, draft.params, encoder, decoder, targets)
         total, tokens, reproduced = total + float(s), tokens + int(n), reproduced + int(own)

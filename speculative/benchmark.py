@@ -101,7 +101,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
     """Raises a one-line JobError naming the first bad entry of cfg.variants."""
     if isinstance(cfg.variants, (str, Variant)) or not list(cfg.variants):
         raise JobError(f"variants must be None or a non-empty list of Variants, got {cfg.variants}")
-    names = set()
+    names, temperatures = set(), {float(t) for t in cfg.temperatures}
     for v in cfg.variants:
         if not isinstance(v, Variant):
             raise JobError(f"variants: expected speculative.Variant, got {type(v).__name__}")
@@ -127,7 +127,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
                 f"got {list(v.gammas)}"
             )
         temps = list(v.temperatures) if v.temperatures is not None else list(cfg.temperatures)
-        outside = [t for t in temps if float(t) not in {float(x) for x in cfg.temperatures}]
+        outside = [t for t in temps if float(t) not in temperatures]
         if temps and len(outside) == len(temps):  # TEMPERATURES narrowed to split a sweep
             print(f"variant {v.name!r} skipped: it runs at {temps}, none of TEMPERATURES")
         elif not temps or outside:
@@ -146,8 +146,7 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
     cfg.gammas with cfg.lenience."""
     if cfg.variants is None:
         return [Variant("default", cfg.draft, float(cfg.lenience), gammas=tuple(cfg.gammas))]
-    temperatures = {float(t) for t in cfg.temperatures}
-    return [
+    filled = [
         dataclasses.replace(
             v,
             draft=cfg.draft if v.draft is None else v.draft,
@@ -155,8 +154,8 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
             temperatures=None if v.temperatures is None else tuple(map(float, v.temperatures)),
         )
         for v in cfg.variants
-        if v.temperatures is None or temperatures & {float(t) for t in v.temperatures}
     ]
+    return [v for v in filled if any(runs_at(v, t) for t in cfg.temperatures)]
 
 
 def all_gammas(cfg: BenchmarkConfig) -> list[int]:

@@ -387,6 +387,12 @@ def _pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> np.ndarray:
     return tokens
 
 
+def pad_rows(rows: Sequence[Sequence[int]], multiple: int = 8, pad_id: int = 0) -> np.ndarray:
+    """int32[N, W] right-padded with pad_id, W the longest row rounded up to `multiple` (few
+    shapes to compile; the trainer's and the teacher-forced scorer's batches)."""
+    return _pad(rows, -(-max(len(r) for r in rows) // multiple) * multiple, pad_id)
+
+
 def _width(rows: Sequence[Sequence[int]], pad_to: int | None, what: str) -> int:
     width = max(max(len(x) for x in rows), 1)
     if pad_to is not None:

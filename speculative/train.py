@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from speculative import configurables, gin_flags, model_loading  # noqa: F401  (gin names)
+from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import load_t5x, t5x_write
 from speculative.errors import JobError
@@ -116,16 +117,9 @@ def encode(
 
     inputs = [ids(prefix + src, lengths["inputs"]) for src, _ in pairs]
     targets = [ids(tgt, lengths["targets"]) for _, tgt in pairs]
-    return Examples(pad_rows(inputs), pad_rows(targets))
-
-
-def pad_rows(rows: Sequence[Sequence[int]], multiple: int = 8) -> np.ndarray:
-    """[N, W] int32, 0-padded, W the longest row rounded up to `multiple` (few shapes to compile)."""
-    width = -(-max(len(r) for r in rows) // multiple) * multiple
-    out = np.full((len(rows), width), PAD, np.int32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    return Examples(
+        inputs_lib.pad_rows(inputs, pad_id=PAD), inputs_lib.pad_rows(targets, pad_id=PAD)
+    )
 
 
 def batch_indices(examples: Examples, batch_size: int, seed: int, step: int) -> np.ndarray:
