@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import decoding, metrics, timing
+from speculative import decoding, metrics
+from speculative.measure import timing
 from speculative.models import decoder
 
 

@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, runner, timing, vocab
+from speculative import checkpoints, decoding, fetch, inputs, vocab
 from speculative.drafts import shortlist
+from speculative.measure import runner, timing
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 

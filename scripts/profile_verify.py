@@ -23,7 +23,8 @@ import platform
 import jax
 import jax.numpy as jnp
 
-from speculative import checkpoints, timing
+from speculative import checkpoints
+from speculative.measure import timing
 from speculative.models import decoder
 
 QWEN_1_5B = decoder.DecoderConfig(

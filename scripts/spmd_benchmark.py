@@ -26,7 +26,8 @@ import pathlib  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from speculative import decoding, memory, partitioning, timing  # noqa: E402
+from speculative import decoding, partitioning  # noqa: E402
+from speculative.measure import memory, timing
 from speculative.models import decoder  # noqa: E402
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]

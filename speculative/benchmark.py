@@ -47,23 +47,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import (
-    benchmark_report,
-    decoding,
-    gin_flags,
-    inputs,
-    job_spmd,
-    memory,
-    metrics,
-    runner,
-    timing,
-    vocab,
-)
+from speculative import benchmark_report, decoding, gin_flags, inputs, job_spmd, metrics, vocab
 from speculative import model_loading as ml
-from speculative.drafts.base import Drafter
+from speculative.decoding.drafter import Drafter
 from speculative.errors import JobError
 from speculative.job_config import BenchmarkConfig, Variant, check_lenience, check_num_examples
 from speculative.job_io import lock_output_dir
+from speculative.measure import memory, runner, timing
 from speculative.sampling import SamplingConfig
 
 # ------------------------------------------------------------------------------------------------

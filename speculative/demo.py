@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, metrics, runner, timing, vocab
+from speculative import checkpoints, decoding, fetch, inputs, metrics, vocab
 from speculative.drafts import shortlist
+from speculative.measure import runner, timing
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 

@@ -52,25 +52,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from speculative import (
-    decoding,
-    distributed,
-    gin_flags,
-    inputs,
-    job_spmd,
-    memory,
-    metrics,
-    planner,
-    runner,
-    timing,
-    vocab,
-)
+from speculative import decoding, distributed, gin_flags, inputs, job_spmd, metrics, vocab
 from speculative import model_loading as ml
-from speculative.drafts.base import Drafter
+from speculative.decoding.drafter import Drafter
 from speculative.errors import JobError
 from speculative.inputs import Example
 from speculative.job_config import InferConfig, check_lenience, check_num_examples
 from speculative.job_io import ResultStore, examples_digest, lock_output_dir
+from speculative.measure import memory, planner, runner, timing
 
 # ------------------------------------------------------------------------------------------------
 # Validation and inputs.

@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import benchmark, benchmark_report, memory, metrics, partitioning
+from speculative import benchmark, benchmark_report, metrics, partitioning
 from speculative import model_loading as ml
+from speculative.measure import memory
 from tests.helpers import tiny_decoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

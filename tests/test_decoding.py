@@ -5,38 +5,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, timing
+from speculative import decoding
+from speculative.measure import timing
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
-V = 64
-MAX_LEN = 19  # not a multiple of gamma + 1: the length limit falls inside a block
+V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py
 
 
 @pytest.fixture(scope="module")
-def target():
-    return helpers.tiny_decoder(V, emb=64, layers=2, heads=4, kv_heads=2, seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return helpers.tiny_decoder(V, emb=32, layers=1, heads=2, kv_heads=1, seed=1)
-
-
-@pytest.fixture(scope="module")
-def batch():
-    return helpers.ragged_prompts(0, batch=9, width=7, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def eos_and_reference(target, batch):
+def eos_and_reference(greedy_reference):
     """An EOS id that some rows emit mid-sequence, and the plain greedy decode with it."""
-    model, params = target
-    free = decoding.autoregressive_decode(model, params, batch, max_decode_len=MAX_LEN, eos_id=V)
-    eos_id = int(free.tokens[0, 6])
-    ref = decoding.autoregressive_decode(
-        model, params, batch, max_decode_len=MAX_LEN, eos_id=eos_id
-    )
+    eos_id, ref, _ = greedy_reference
     lengths = np.asarray(ref.lengths)
     assert lengths.min() < MAX_LEN and lengths.max() == MAX_LEN, "want rows ending both ways"
     return eos_id, ref
@@ -97,36 +77,21 @@ def test_rows_are_independent_of_batch_composition(target, draft, batch, eos_and
 
 # --- sampling: the sequence distribution equals the target's ----------------------------------
 
-SV, SEQ_LEN, EOS, N = 6, 3, 5, 24_000
-PROMPT = [1, 3, 2]
+SV, SEQ_LEN, EOS, N, PROMPT = helpers.SV, helpers.SEQ_LEN, helpers.EOS, helpers.N, helpers.PROMPT
+_repeated_prompt = helpers.repeated_prompt
+SAMPLED_CASES = [
+    (SamplingConfig(temperature=1.0), 2),
+    (SamplingConfig(temperature=1.0), 1),
+    (SamplingConfig(temperature=0.8, top_k=3), 3),
+    (SamplingConfig(temperature=1.2, top_p=0.7), 2),
+]
 
 
-@pytest.fixture(scope="module")
-def small_pair():
-    tgt = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
-    drf = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=2, seed=13)
-    return tgt, drf
-
-
-def _repeated_prompt(n):
-    return {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (n, 1)),
-        "prompt_lengths": jnp.full((n,), len(PROMPT), jnp.int32),
-    }
-
-
-@pytest.mark.parametrize(
-    "cfg, gamma",
-    [
-        (SamplingConfig(temperature=1.0), 2),
-        (SamplingConfig(temperature=1.0), 1),
-        (SamplingConfig(temperature=0.8, top_k=3), 3),
-        (SamplingConfig(temperature=1.2, top_p=0.7), 2),
-    ],
-)
-def test_sampled_sequences_follow_target_distribution(small_pair, cfg, gamma):
+def check_sampled_sequences_follow_target(small_pair, exact, cfg, gamma, draft_power=True):
+    """Speculative decoding of N rows samples sequences from the target's exact distribution `exact`
+    (chi-square), rows are independent, and (draft_power) the same test rejects the draft's own.
+    Also run on mutants of the acceptance rule (tests/test_mutations.py)."""
     (tgt, tgt_params), (drf, drf_params) = small_pair
-    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
     assert abs(sum(exact.values()) - 1.0) < 1e-6
     out = decoding.speculative_decode(
         tgt,
@@ -149,6 +114,8 @@ def test_sampled_sequences_follow_target_distribution(small_pair, cfg, gamma):
     collide = np.mean([a == b for a, b in zip(samples[0::2], samples[1::2])])
     expected = sum(p * p for p in exact.values())
     assert abs(collide - expected) < 5 * np.sqrt(expected * (1 - expected) / (N // 2))
+    if not draft_power:
+        return
 
     # Power: the same test rejects the draft's own sequence distribution.
     draft_out = decoding.autoregressive_decode(
@@ -164,11 +131,16 @@ def test_sampled_sequences_follow_target_distribution(small_pair, cfg, gamma):
     assert helpers.chi_square_pvalue(draft_samples, exact) < 1e-6
 
 
-def test_plain_sampling_follows_exact_probabilities(small_pair):
+@pytest.mark.parametrize("cfg, gamma", SAMPLED_CASES)
+def test_sampled_sequences_follow_target_distribution(small_pair, small_target_probs, cfg, gamma):
+    check_sampled_sequences_follow_target(small_pair, small_target_probs(cfg), cfg, gamma)
+
+
+def test_plain_sampling_follows_exact_probabilities(small_pair, small_target_probs):
     """The harness itself: plain decoding of the target passes the same test."""
     (tgt, tgt_params), _ = small_pair
     cfg = SamplingConfig(temperature=1.0)
-    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
+    exact = small_target_probs(cfg)
     out = decoding.autoregressive_decode(
         tgt,
         tgt_params,

@@ -8,8 +8,9 @@ import pathlib
 
 import pytest
 
-from speculative import gin_flags, infer, planner
+from speculative import gin_flags, infer
 from speculative.errors import JobError
+from speculative.measure import planner
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import decoding, inputs, runner
+from speculative import decoding, inputs
+from speculative.measure import runner
 from speculative.sampling import SamplingConfig
 from tests.helpers import tiny_decoder
 

@@ -13,8 +13,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from speculative import decoding, distributed, memory, partitioning, sharded_checkpoints
+from speculative import decoding, distributed, partitioning, sharded_checkpoints
 from speculative.checkpoints import load_t5x
+from speculative.measure import memory
 from speculative.models import t5
 from speculative.sampling import SamplingConfig
 from tests import helpers

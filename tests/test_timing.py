@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from speculative import timing
+from speculative.measure import timing
 from tests.helpers import encoder_batch, tiny_decoder, tiny_t5_pair
 
 

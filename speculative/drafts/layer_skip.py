@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from speculative.decoding import ModelDrafter
+from speculative.decoding.model_drafter import ModelDrafter
 from speculative.models import decoder
 from speculative.models.padding import PaddingMasked
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.drafts.base import DraftContext, StatelessDrafter
+from speculative.decoding.drafter import DraftContext, StatelessDrafter
 from speculative.sampling import SamplingConfig, sample
 
 

@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from speculative.drafts.base import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
 from speculative.sampling import SamplingConfig
 
 

@@ -98,7 +98,7 @@ def draft_propose_time(
     """Median seconds per proposed token of `drafter.propose` for config.gamma tokens on `batch`
     (a decoder-only prompt [B, P] or encoder inputs), in a jitted loop: the draft step time of a
     draft that is not a separate model (c of an n-gram or prompt-lookup draft is about 0)."""
-    from speculative.drafts.base import DraftContext  # timing stays importable without drafts
+    from speculative.decoding.drafter import DraftContext  # timing stays importable without drafts
 
     gamma = config.gamma
     prompt = inputs.input_tokens(batch)
@@ -184,7 +184,7 @@ def measure_c(
     With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
     one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
     """
-    from speculative.drafts.base import Drafter
+    from speculative.decoding.drafter import Drafter
 
     t_target = decode_step_time(target, target_params, batch, cache_len)
     if isinstance(draft, Drafter):

@@ -20,8 +20,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, metrics, timing
-from speculative.drafts.base import Drafter
+from speculative import decoding, metrics
+from speculative.decoding.drafter import Drafter
+from speculative.measure import timing
 
 
 @dataclasses.dataclass(frozen=True)

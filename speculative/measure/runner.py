@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import jax
 
-from speculative import decoding, inputs, timing
-from speculative.drafts.base import Drafter
+from speculative import decoding, inputs
+from speculative.decoding.drafter import Drafter
+from speculative.measure import timing
 from speculative.models.base import LanguageModel
 
 Batch = dict[str, jax.Array]

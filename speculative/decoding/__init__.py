@@ -1,0 +1,45 @@
+"""Plain and speculative decoding.
+
+The package, read in order (docs/design.md §7):
+  config.py         `GammaPolicy`, `DecodeConfig`: every static setting of one decode, checked once
+  state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`
+  drafter.py        the `Drafter` protocol and `DraftContext`: the interface every draft implements
+  model_drafter.py  `ModelDrafter` (the paper's draft: a smaller model), `as_drafter`
+  loop.py           the whole decode loop: `autoregressive_loop`, `speculative_loop`
+  checks.py         host-side validation and the NaN check
+  api.py            the public calls `autoregressive_decode`, `speculative_decode`
+
+`from speculative import decoding; decoding.speculative_decode(...)` is the entry point; every name
+below is part of the public API.
+"""
+
+from speculative.decoding.api import autoregressive_decode, place_inputs, speculative_decode
+from speculative.decoding.checks import NaNLogitsError, check_finite, check_pair, validate_batch
+from speculative.decoding.config import DecodeConfig, GammaPolicy
+from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter
+from speculative.decoding.loop import autoregressive_loop, speculative_loop
+from speculative.decoding.model_drafter import ModelDrafter, as_drafter
+from speculative.decoding.state import DecodeOutput, DecodeStats, LoopState, prefill
+
+__all__ = [
+    "DecodeConfig",
+    "DecodeOutput",
+    "DecodeStats",
+    "DraftContext",
+    "Drafter",
+    "GammaPolicy",
+    "LoopState",
+    "ModelDrafter",
+    "NaNLogitsError",
+    "StatelessDrafter",
+    "as_drafter",
+    "autoregressive_decode",
+    "autoregressive_loop",
+    "check_finite",
+    "check_pair",
+    "place_inputs",
+    "prefill",
+    "speculative_decode",
+    "speculative_loop",
+    "validate_batch",
+]

@@ -1,0 +1,120 @@
+"""The static settings of one decode: `GammaPolicy` and `DecodeConfig`.
+
+`DecodeConfig` is the one place decode settings are checked; jobs build one and read it
+(docs/design.md §7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from speculative import inputs
+from speculative.models.base import LanguageModel
+from speculative.sampling import SamplingConfig
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaPolicy:
+    """How many of the gamma draft slots each row uses per round (DecodeConfig.gamma is the most).
+
+    kind:
+      "fixed": every row drafts gamma tokens every round (the paper's algorithm).
+      "confidence": a row stops drafting after a token whose draft confidence max_x q(x) is below
+        `threshold` (Hugging Face's assistant confidence stop; `decoding.drafter.draft_confidence`).
+      "schedule": each row's length starts at `initial` and moves by +2 after a round that accepted
+        every drafted token, by -1 otherwise, within 1..gamma (Hugging Face's heuristic schedule,
+        per row here).
+    Shapes stay static: the target always scores gamma + 1 positions and the unused slots are never
+    accepted. Exact: a row's length depends only on its draft and on earlier rounds.
+    """
+
+    kind: str = "fixed"
+    threshold: float = 0.4
+    initial: int = 4
+
+    def __post_init__(self):
+        if self.kind not in ("fixed", "confidence", "schedule"):
+            raise ValueError(
+                f"gamma policy must be 'fixed', 'confidence' or 'schedule', got {self.kind!r}"
+            )
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"confidence threshold must be in [0, 1), got {self.threshold!r}")
+        if not _is_int(self.initial) or self.initial < 1:
+            raise ValueError(
+                f"schedule initial gamma must be an integer >= 1, got {self.initial!r}"
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        return self.kind != "fixed"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Everything static about one decode; hashable, so it is a static `jax.jit` argument.
+
+    max_decode_len: tokens generated at most per row (>= 1).
+    stop_ids: a row stops after emitting any of these (an int is accepted and becomes a 1-tuple).
+    sampling: temperature / top-k / top-p, shared by the draft and the target.
+    gamma: draft tokens proposed per speculative round (>= 1); None for plain decoding.
+    lenience: l in (0, 1], the acceptance rule's factor (`sampling.verify_detailed`). 1 (the
+      default) is exact; l < 1 is the paper's lossy lenient acceptance, and every output made with
+      it says so (`DecodeOutput.exact` is False).
+    gamma_policy: `GammaPolicy`, how many of the gamma slots each row drafts (default: all).
+    """
+
+    max_decode_len: int
+    stop_ids: tuple[int, ...]
+    sampling: SamplingConfig = SamplingConfig()
+    gamma: int | None = None
+    lenience: float = 1.0
+    gamma_policy: GammaPolicy = GammaPolicy()
+
+    def __post_init__(self):
+        ids = self.stop_ids
+        ids = (ids,) if isinstance(ids, (int, np.integer)) else tuple(ids)
+        if not ids or not all(isinstance(i, (int, np.integer)) for i in ids):
+            raise ValueError(
+                f"eos_id must be an int or a non-empty sequence of ints, got {self.stop_ids!r}"
+            )
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in ids))
+        if not isinstance(self.sampling, SamplingConfig):
+            raise ValueError(
+                f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}"
+            )
+        if not _is_int(self.max_decode_len) or self.max_decode_len < 1:
+            raise ValueError(f"max_decode_len must be an integer >= 1, got {self.max_decode_len!r}")
+        object.__setattr__(self, "max_decode_len", int(self.max_decode_len))
+        if self.gamma is not None:
+            if not _is_int(self.gamma) or self.gamma < 1:
+                raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
+            object.__setattr__(self, "gamma", int(self.gamma))
+        if isinstance(self.lenience, bool) or not 0.0 < float(self.lenience) <= 1.0:
+            raise ValueError(f"lenience must be in (0, 1], got {self.lenience!r}")
+        object.__setattr__(self, "lenience", float(self.lenience))
+        if not isinstance(self.gamma_policy, GammaPolicy):
+            raise ValueError(f"gamma_policy must be a GammaPolicy, got {self.gamma_policy!r}")
+
+    @property
+    def exact(self) -> bool:
+        """Whether outputs follow the target's distribution (no lenience)."""
+        return self.lenience == 1.0
+
+    @property
+    def block(self) -> int:
+        """Tokens fed to the target per call: gamma + 1 speculative, 1 plain."""
+        return 1 if self.gamma is None else self.gamma + 1
+
+    def cache_length(self, model: LanguageModel, batch: dict[str, jax.Array]) -> int:
+        """The static cache length `model` needs for this decode of `batch`."""
+        return model.cache_length(
+            inputs.input_tokens(batch).shape[1], self.max_decode_len, self.block
+        )

@@ -1,0 +1,166 @@
+"""The draft interface: a `Drafter` proposes gamma tokens per row with the distributions they
+were drawn from, inside the jitted speculative loop (docs/design.md §6). The loop owns this interface; the
+drafts in speculative/drafts/ implement it.
+
+Exactness needs one thing of a draft: every proposed token x_i is drawn from
+`sampling.process_logits(logits_i, config.sampling)`, and `logits_i` is returned with it, so the
+rejection rule can compare the target's p with exactly that q. Any q is exact; a better q only
+raises the acceptance rate. A draft that proposes a fixed token returns logits that are 0 there
+and -inf elsewhere (a one-hot q), and a draft that cannot guess may still propose anything valid.
+
+A drafter is a frozen, hashable object (a static `jax.jit` argument) holding only static
+configuration. Arrays it needs (model weights, n-gram tables) are its `params`, a pytree passed
+next to it, and what it carries between rounds is its `state`, a pytree it builds in `init`. Shapes
+are static: B rows, G = gamma, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from speculative.sampling import SamplingConfig, process_logits
+
+
+@flax.struct.dataclass
+class DraftContext:
+    """What the loop tells a drafter each round: the committed text of every row.
+
+    pos: [B] position of `last`, the newest committed token (not yet fed to any model this round).
+    last: [B] that token; prev: [B] the committed token before it (`last` itself at position 0).
+    tokens: [B, T] generated tokens, valid up to `lengths` [B] (later slots hold stale values).
+    prompt: [B, P] decoder-only prompts, or the encoder inputs of an encoder-decoder (0 = pad).
+    prompt_lengths: [B] valid prompt tokens per row.
+    done: [B] rows that have finished (their proposals are ignored).
+    budget: [B] tokens each row wants this round (1..gamma; gamma unless a gamma policy adapts it).
+    min_confidence: static; > 0 asks a row to stop after a proposal whose top draft probability is
+      below it (`draft_confidence`). The loop enforces both limits itself; a drafter may use them
+      to stop proposing early.
+    adaptive: static; False when every row wants all gamma tokens (the fixed policy).
+    """
+
+    pos: jax.Array
+    last: jax.Array
+    prev: jax.Array
+    tokens: jax.Array
+    lengths: jax.Array
+    prompt: jax.Array
+    prompt_lengths: jax.Array
+    done: jax.Array
+    budget: jax.Array
+    min_confidence: float = flax.struct.field(pytree_node=False, default=0.0)
+    adaptive: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def history(self) -> tuple[jax.Array, jax.Array]:
+        """Each row's whole committed text, left-aligned: (ids [B, P + T], length [B]).
+
+        Decoder-only rows are prompt + generated tokens, so the text ends with `last`. For an
+        encoder-decoder the prompt is the source text, which a lookup draft may copy from.
+        """
+        width = self.prompt.shape[1]
+        ids = jnp.concatenate([self.prompt, self.tokens], axis=1)
+        # Shift each row's generated tokens left onto the end of its prompt.
+        index = jnp.arange(ids.shape[1])[None, :]
+        gather = jnp.where(
+            index < self.prompt_lengths[:, None],
+            index,
+            index - self.prompt_lengths[:, None] + width,
+        )
+        ids = jnp.take_along_axis(ids, jnp.clip(gather, 0, ids.shape[1] - 1), axis=1)
+        length = self.prompt_lengths + self.lengths
+        return jnp.where(index < length[:, None], ids, 0), length
+
+
+def draft_confidence(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """[..., V] draft logits -> [...] max_x q(x), the draft's confidence in its best token.
+
+    q as sampled (temperature, top-k, top-p); at temperature 0, where q is one-hot, the softmax of
+    the raw logits, so that greedy drafting can still stop when the draft is unsure.
+    """
+    if sampling.greedy:
+        return jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.exp(jnp.max(process_logits(logits, sampling), axis=-1))
+
+
+def one_hot_logits(tokens: jax.Array, vocab_size: int) -> jax.Array:
+    """[...] token ids -> [..., V] float32 logits of the one-hot distribution on them."""
+    hot = jax.nn.one_hot(tokens, vocab_size, dtype=jnp.bool_)
+    return jnp.where(hot, 0.0, -jnp.inf).astype(jnp.float32)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What `decoding.loop.speculative_loop` needs of a draft.
+
+    vocab_size: the vocabulary it proposes from (must equal the target's).
+    exact_needs: nothing; any drafter is exact if `propose` keeps its contract.
+    """
+
+    vocab_size: int
+
+    def check_target(self, target: Any) -> None:
+        """Raises ValueError when this draft cannot propose tokens for `target`."""
+        ...
+
+    def validate(self, batch: dict[str, jax.Array], config: Any) -> None:
+        """Raises ValueError when `batch` cannot be drafted for under `config` (a DecodeConfig)."""
+        ...
+
+    def place_params(self, partitioner: Any, params: Any) -> Any:
+        """params placed on the partitioner's mesh (outside jit)."""
+        ...
+
+    def init(self, params: Any, batch: dict[str, jax.Array], config: Any) -> Any:
+        """The draft state before the first round (e.g. a prefilled KV cache), inside jit."""
+        ...
+
+    def propose(
+        self,
+        params: Any,
+        state: Any,
+        context: DraftContext,
+        rng: jax.Array,
+        gamma: int,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, Any]:
+        """gamma proposals per row: (tokens [B, G] int32, logits [B, G, V] float32 with
+        tokens[:, i] ~ process_logits(logits[:, i], sampling), new state).
+
+        The state is the one this drafter returned last round; `context` says what was committed
+        since, so a drafter that ran ahead rewinds to `context.pos` here.
+        """
+        ...
+
+    def constrain(self, partitioner: Any, state: Any) -> Any:
+        """The state pinned to its shardings inside the loop (identity without a mesh)."""
+        ...
+
+
+class StatelessDrafter:
+    """Defaults for drafts without a model: no state, replicated params, any target."""
+
+    vocab_size: int
+
+    def check_target(self, target: Any) -> None:
+        if target.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"draft and target vocabularies differ in size: draft {self.vocab_size}, "
+                f"target {target.vocab_size}"
+            )
+
+    def validate(self, batch: dict[str, jax.Array], config: Any) -> None:
+        del batch, config
+
+    def place_params(self, partitioner: Any, params: Any) -> Any:
+        return jax.device_put(params, partitioner.replicated())
+
+    def init(self, params: Any, batch: dict[str, jax.Array], config: Any) -> Any:
+        del params, batch, config
+        return ()
+
+    def constrain(self, partitioner: Any, state: Any) -> Any:
+        del partitioner
+        return state

@@ -1,0 +1,282 @@
+"""The decode loop, whole: plain decoding (`autoregressive_loop`) and speculative decoding
+(`speculative_loop`, one round in `_speculative_round`), each one jitted `lax.while_loop`.
+
+Nothing returns to the host until the batch is finished (docs/design.md §4). Every row keeps its
+own position, acceptance count, EOS and length limit; shapes are static (batch, cache length,
+gamma) and finished rows keep computing with their results masked. The draft is any `Drafter`
+(decoding/drafter.py); a LanguageModel becomes the paper's `ModelDrafter`.
+
+Inputs must pass `checks.validate_batch` (the public calls in decoding/api.py do that). For
+ahead-of-time compilation use JAX's own API on the jitted loops, e.g.
+`speculative_loop.lower(target, tp, draft, dp, batch, rng, config=cfg).compile()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from speculative.decoding.config import DecodeConfig
+from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
+from speculative.decoding.model_drafter import as_drafter
+from speculative.decoding.state import (
+    DecodeOutput,
+    LoopState,
+    constrain,
+    initial_loop_state,
+    prefill,
+)
+from speculative.models.base import LanguageModel, write_rows
+from speculative.sampling import SamplingConfig, sample, verify_detailed
+
+# ------------------------------------------------------------------------------------------------
+# Shared pieces: emitting a block of tokens, the final output, the loop itself.
+
+
+def _emit(
+    s: LoopState, block: jax.Array, count: jax.Array, config: DecodeConfig
+) -> tuple[LoopState, jax.Array]:
+    """Appends the first count[b] tokens of block[b] to each active row, stopping at a stop id or
+    at max_decode_len.
+
+    Args:
+      s: loop state (its tokens [B, T + slack], lengths [B], done [B] are read).
+      block: [B, K] candidate tokens; count [B] how many of them the round produced (1..K).
+    Returns:
+      (s with tokens, lengths and done after the append, emitted [B]).
+    """
+    limit = config.max_decode_len
+    in_block = jnp.arange(block.shape[1])[None, :] < count[:, None]
+    is_stop = jnp.isin(block, jnp.asarray(config.stop_ids, jnp.int32)) & in_block
+    has_stop = jnp.any(is_stop, axis=1)
+    count = jnp.where(has_stop, jnp.argmax(is_stop, axis=1) + 1, count)
+    count = jnp.minimum(count, limit - s.lengths)
+    count = jnp.where(s.done, 0, count)
+    # Writing the whole block is safe: slots past the new length are overwritten or masked later.
+    tokens = write_rows(s.tokens, block, jnp.where(s.done, limit, s.lengths))
+    lengths = s.lengths + count
+    done = s.done | has_stop | (lengths >= limit)
+    return s.replace(tokens=tokens, lengths=lengths, done=done), count
+
+
+def _output(s: LoopState, config: DecodeConfig, partitioner: Any) -> DecodeOutput:
+    """Final loop state -> DecodeOutput (tokens [B, T], zeros after each row's length)."""
+    limit = config.max_decode_len
+    tokens = s.tokens[:, :limit]
+    tokens = jnp.where(jnp.arange(limit)[None, :] < s.lengths[:, None], tokens, 0)
+    out = DecodeOutput(tokens, s.lengths, s.stats, config.lenience)
+    return out if partitioner is None else partitioner.constrain_rows(out)
+
+
+def _has_nan(logits: jax.Array) -> jax.Array:
+    """[B, L, V] -> [B] bool: any NaN logit in the row."""
+    return jnp.any(jnp.isnan(logits), axis=(1, 2))
+
+
+def _while_not_done(body, state: LoopState) -> LoopState:
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+
+
+# ------------------------------------------------------------------------------------------------
+# Plain autoregressive decoding (the baseline).
+
+
+@functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
+def autoregressive_loop(
+    model: LanguageModel,
+    params: Any,
+    batch: dict[str, jax.Array],
+    rng: jax.Array,
+    config: DecodeConfig,
+    partitioner: Any = None,
+) -> DecodeOutput:
+    """Plain decoding, jitted: one target call per token. Inputs must pass `validate_batch`."""
+    block = dataclasses.replace(config, gamma=None, lenience=1.0)
+    state, pos, last, prev = prefill(model, params, batch, block.cache_length(model, batch))
+    state = constrain(partitioner, model, state, "target")
+
+    def step(s: LoopState) -> LoopState:
+        active = ~s.done
+        rng, step_rng = jax.random.split(s.rng)
+        logits, target = model.extend(params, s.target.replace(index=s.pos), s.last[:, None])
+        token, _ = sample(step_rng, logits[:, 0], config.sampling)
+        emitted_state, emitted = _emit(s, token[:, None], jnp.ones_like(token), block)
+        stats = s.stats.replace(
+            target_calls=s.stats.target_calls + active,
+            emitted=s.stats.emitted + emitted,
+            nan_logits=s.stats.nan_logits | (active & _has_nan(logits)),
+        )
+        return emitted_state.replace(
+            target=constrain(partitioner, model, target, "target"),
+            pos=s.pos + emitted,
+            last=jnp.where(active, token, s.last),
+            rng=rng,
+            stats=stats,
+        )
+
+    s = _while_not_done(step, initial_loop_state(state, None, pos, last, prev, rng, block))
+    return _output(s, block, partitioner)
+
+
+# ------------------------------------------------------------------------------------------------
+# Speculative decoding.
+
+
+def _draft_context(s: LoopState, batch: dict[str, jax.Array], config: DecodeConfig) -> DraftContext:
+    if "prompt" in batch:
+        prompt, prompt_lengths = batch["prompt"], batch["prompt_lengths"]
+    else:
+        prompt = batch["encoder_input_tokens"]
+        prompt_lengths = jnp.sum(prompt != 0, axis=1)
+    return DraftContext(
+        pos=s.pos,
+        last=s.last,
+        prev=s.prev,
+        tokens=s.tokens,
+        lengths=s.lengths,
+        prompt=prompt.astype(jnp.int32),
+        prompt_lengths=prompt_lengths.astype(jnp.int32),
+        done=s.done,
+        budget=s.budget,
+        min_confidence=_min_confidence(config),
+        adaptive=config.gamma_policy.adaptive,
+    )
+
+
+def _min_confidence(config: DecodeConfig) -> float:
+    policy = config.gamma_policy
+    return policy.threshold if policy.kind == "confidence" else 0.0
+
+
+def _draft_lengths(
+    context: DraftContext, draft_logits: jax.Array, sampling: SamplingConfig
+) -> jax.Array:
+    """[B] tokens each row proposes: its budget, cut after the first draft token whose confidence
+    is below the threshold (the token itself stays: it was proposed)."""
+    if not context.adaptive:
+        return context.budget
+    lengths = context.budget
+    if context.min_confidence > 0:
+        unsure = draft_confidence(draft_logits, sampling) < context.min_confidence  # [B, G]
+        gamma = unsure.shape[1]
+        first_unsure = jnp.where(jnp.any(unsure, axis=1), jnp.argmax(unsure, axis=1) + 1, gamma)
+        lengths = jnp.minimum(lengths, first_unsure)
+    return lengths
+
+
+def _speculative_round(
+    s: LoopState,
+    target: LanguageModel,
+    target_params: Any,
+    drafter: Drafter,
+    draft_params: Any,
+    batch: dict[str, jax.Array],
+    config: DecodeConfig,
+) -> LoopState:
+    """One draft-verify-emit round over the whole batch; inactive rows are left unchanged.
+
+    1. draft: x_1..x_G ~ q_1..q_G (a model draft first re-feeds [prev, last]);
+    2. target: one call on [last, x_1..x_G] at pos -> p_1..p_{G+1};
+    3. verify: n accepted, the next token from the residual or p_{G+1};
+    4. emit x_1..x_n, next; the target index moves to pos + n + 1 (rollback = index reset).
+    """
+    gamma, active = config.gamma, ~s.done
+    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    context = _draft_context(s, batch, config)
+    draft_tokens, draft_logits, draft_state = drafter.propose(
+        draft_params, s.draft, context, draft_rng, gamma, config.sampling
+    )
+    proposed = _draft_lengths(context, draft_logits, config.sampling)  # [B] (gamma when fixed)
+    block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
+    target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
+    n, next_token, beta = verify_detailed(
+        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
+        proposed if config.gamma_policy.adaptive else None,
+    )  # fmt: skip
+
+    # Emit x_1..x_n then next_token: put next_token at block position n.
+    rows = jnp.arange(n.shape[0])
+    candidates = jnp.concatenate([draft_tokens, jnp.zeros_like(s.last)[:, None]], axis=1)
+    candidates = candidates.at[rows, n].set(next_token)
+    emitted_state, emitted = _emit(s, candidates, n + 1, config)
+
+    pos = jnp.where(active, s.pos + n + 1, s.pos)
+    prev = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], s.last)
+    # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
+    position = jnp.arange(gamma)[None, :]
+    verified = (position <= n[:, None]) & (position < proposed[:, None]) & active[:, None]
+    accepted_at = (position < n[:, None]) & active[:, None]
+    st = s.stats
+    stats = st.replace(
+        target_calls=st.target_calls + active,
+        draft_calls=st.draft_calls + proposed * active,
+        drafted=st.drafted + proposed * active,
+        accepted=st.accepted + jnp.where(active, n, 0),
+        emitted=st.emitted + emitted,
+        beta_sum=st.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
+        accepted_at=st.accepted_at + accepted_at,
+        verified_at=st.verified_at + verified,
+        nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
+        nan_draft_logits=st.nan_draft_logits | (active & _has_nan(draft_logits)),
+    )
+    return emitted_state.replace(
+        target=target_state.replace(index=pos),
+        draft=draft_state,
+        pos=pos,
+        last=jnp.where(active, next_token, s.last),
+        prev=jnp.where(active, prev, s.prev),
+        rng=rng,
+        budget=jnp.where(active, _next_budget(s.budget, n, proposed, config), s.budget),
+        stats=stats,
+    )
+
+
+def _next_budget(
+    budget: jax.Array, n: jax.Array, proposed: jax.Array, config: DecodeConfig
+) -> jax.Array:
+    """[B] next round's draft budget: +2 after a fully accepted block, -1 otherwise (schedule)."""
+    if config.gamma_policy.kind != "schedule":
+        return budget
+    return jnp.clip(jnp.where(n >= proposed, budget + 2, budget - 1), 1, config.gamma)
+
+
+@functools.partial(jax.jit, static_argnames=("target", "draft", "config", "partitioner"))
+def speculative_loop(
+    target: LanguageModel,
+    target_params: Any,
+    draft: LanguageModel | Drafter,
+    draft_params: Any,
+    batch: dict[str, jax.Array],
+    rng: jax.Array,
+    config: DecodeConfig,
+    partitioner: Any = None,
+) -> DecodeOutput:
+    """Speculative decoding, jitted. draft: a smaller LanguageModel or any `Drafter`;
+    config.gamma must be set; inputs must pass `validate_batch` for the target and the draft."""
+    drafter = as_drafter(draft)
+    target_state, pos, last, prev = prefill(
+        target, target_params, batch, config.cache_length(target, batch)
+    )
+    draft_state = drafter.init(draft_params, batch, config)
+
+    def body(s: LoopState) -> LoopState:
+        s = _speculative_round(s, target, target_params, drafter, draft_params, batch, config)
+        return s.replace(
+            target=constrain(partitioner, target, s.target, "target"),
+            draft=drafter.constrain(partitioner, s.draft),
+        )
+
+    init = initial_loop_state(
+        constrain(partitioner, target, target_state, "target"),
+        drafter.constrain(partitioner, draft_state),
+        pos,
+        last,
+        prev,
+        rng,
+        config,
+    )
+    return _output(_while_not_done(body, init), config, partitioner)

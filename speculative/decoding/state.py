@@ -1,0 +1,206 @@
+"""The loop's typed state and results: `DecodeStats`, `DecodeOutput`, `LoopState`, and how a
+decode starts (`prefill`, `initial_loop_state`).
+
+Shapes: B = batch, G = gamma (0 for plain decoding), T = max_decode_len.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from speculative import inputs
+from speculative.decoding.config import DecodeConfig
+from speculative.models.base import DecodeState, LanguageModel
+
+
+@flax.struct.dataclass
+class DecodeStats:
+    """Per-row counters, accumulated inside the loop and returned as they are.
+
+    B = batch, G = gamma (0 for plain decoding). Every field is [B] unless noted.
+      target_calls: target forward calls after the prefill (one per round / per plain step).
+      draft_calls: draft forward steps (gamma per round, or the row's proposed length under an
+        adaptive GammaPolicy; 0 for plain decoding).
+      drafted / accepted: draft tokens proposed / accepted.
+      emitted: generated tokens (EOS included); equals DecodeOutput.lengths.
+      beta_sum: float32 sum of beta = sum_x min(p(x), q(x)) over verified positions.
+      accepted_at / verified_at: [B, G] how often draft position i was accepted / tested.
+      nan_logits: bool, the target produced a NaN logit for this row while it was active.
+      nan_draft_logits: bool, the draft did (its q would be NaN: the round's output garbage).
+    Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
+    `stats["alpha"]`, as earlier releases returned a dict.
+    """
+
+    target_calls: jax.Array
+    draft_calls: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    emitted: jax.Array
+    beta_sum: jax.Array
+    accepted_at: jax.Array
+    verified_at: jax.Array
+    nan_logits: jax.Array
+    nan_draft_logits: jax.Array
+
+    @classmethod
+    def zeros(cls, batch_size: int, gamma: int) -> DecodeStats:
+        count = jnp.zeros((batch_size,), jnp.int32)
+        return cls(
+            target_calls=count,
+            draft_calls=count,
+            drafted=count,
+            accepted=count,
+            emitted=count,
+            beta_sum=jnp.zeros((batch_size,), jnp.float32),
+            accepted_at=jnp.zeros((batch_size, gamma), jnp.int32),
+            verified_at=jnp.zeros((batch_size, gamma), jnp.int32),
+            nan_logits=jnp.zeros((batch_size,), jnp.bool_),
+            nan_draft_logits=jnp.zeros((batch_size,), jnp.bool_),
+        )
+
+    @property
+    def verified(self) -> jax.Array:
+        """[B] draft positions tested against the target."""
+        return jnp.sum(self.verified_at, axis=-1)
+
+    @property
+    def alpha(self) -> jax.Array:
+        """[B] mean beta over verified positions (the paper's alpha, per row)."""
+        return self.beta_sum / jnp.maximum(self.verified, 1)
+
+    @property
+    def tokens_per_call(self) -> jax.Array:
+        """[B] tau: generated tokens per target call (prefill excluded)."""
+        return self.emitted / jnp.maximum(self.target_calls, 1)
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.accepted_at.shape[-1] > 0
+
+    def __getitem__(self, name: str) -> jax.Array:
+        if name not in self.names():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def names(self) -> tuple[str, ...]:
+        """Field and derived names readable with `stats[name]`."""
+        fields = tuple(f.name for f in dataclasses.fields(self))
+        return fields + ("verified", "alpha", "tokens_per_call")
+
+    def keys(self) -> tuple[str, ...]:
+        return self.names()
+
+    def items(self) -> list[tuple[str, jax.Array]]:
+        return [(name, self[name]) for name in self.names()]
+
+
+@flax.struct.dataclass
+class DecodeOutput:
+    """Result of a decode.
+
+    tokens: [B, max_decode_len] int32 generated tokens, EOS included, 0 after it.
+    lengths: [B] int32 generated tokens per row (EOS included).
+    stats: `DecodeStats`, per row.
+    lenience: the acceptance rule's factor; `exact` is False when it was below 1 (lossy output).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    stats: DecodeStats
+    lenience: float = flax.struct.field(pytree_node=False, default=1.0)
+
+    @property
+    def exact(self) -> bool:
+        return self.lenience == 1.0
+
+
+@flax.struct.dataclass
+class LoopState:
+    """The `lax.while_loop` carry (B = batch, G = gamma, T = max_decode_len).
+
+    target / draft: the models' decode states (draft is None for plain decoding).
+    pos: [B] absolute position of `last`, the newest token not yet fed to the target.
+    last: [B] that token (the last prompt token, or the decoder start token, at first).
+    prev: [B] the token at pos - 1, which the draft re-feeds each round (docs/design.md §3).
+    rng: PRNG key, split once per step / round.
+    tokens: [B, T + G + 1] output buffer (slack for a whole block written past the limit).
+    lengths: [B] generated tokens so far;  done: [B] bool, EOS emitted or T reached.
+    budget: [B] draft tokens each row wants next round (gamma, unless a GammaPolicy adapts it).
+    stats: `DecodeStats`.
+    """
+
+    target: DecodeState
+    draft: DecodeState | None
+    pos: jax.Array
+    last: jax.Array
+    prev: jax.Array
+    rng: jax.Array
+    tokens: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    budget: jax.Array
+    stats: DecodeStats
+
+
+def prefill(
+    model: LanguageModel, params: Any, batch: dict[str, jax.Array], cache_len: int
+) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
+    """Builds the initial state: (state, pos [B], last [B], prev [B]).
+
+    Decoder-only: the whole right-padded prompt is written once; the last prompt token becomes `last`
+    (its cache slot is rewritten by the first round). Encoder-decoder: encode, start from the
+    model's decoder start token.
+    """
+    state = model.init_state(params, batch, cache_len)
+    if model.is_encoder_decoder:
+        zeros = jnp.zeros((_batch_size(batch),), jnp.int32)
+        start = jnp.full_like(zeros, model.decoder_start_id)
+        return state.replace(index=zeros), zeros, start, start
+    prompt = batch["prompt"].astype(jnp.int32)
+    _, state = model.extend(params, state, prompt)  # logits unused: XLA drops the projection
+    pos = batch["prompt_lengths"].astype(jnp.int32) - 1
+    last = jnp.take_along_axis(prompt, pos[:, None], axis=1)[:, 0]
+    prev = jnp.take_along_axis(prompt, jnp.maximum(pos - 1, 0)[:, None], axis=1)[:, 0]
+    return state.replace(index=pos), pos, last, prev
+
+
+def initial_loop_state(
+    target_state, draft_state, pos, last, prev, rng, config: DecodeConfig
+) -> LoopState:
+    size = pos.shape[0]
+    return LoopState(
+        target=target_state,
+        draft=draft_state,
+        pos=pos,
+        last=last,
+        prev=prev,
+        rng=rng,
+        tokens=jnp.zeros((size, config.max_decode_len + config.block), jnp.int32),
+        lengths=jnp.zeros((size,), jnp.int32),
+        done=jnp.zeros((size,), jnp.bool_),
+        budget=jnp.full((size,), initial_budget(config), jnp.int32),
+        stats=DecodeStats.zeros(size, config.gamma or 0),
+    )
+
+
+def initial_budget(config: DecodeConfig) -> int:
+    gamma, policy = config.gamma or 0, config.gamma_policy
+    return min(policy.initial, gamma) if policy.kind == "schedule" else gamma
+
+
+def constrain(partitioner: Any, model: LanguageModel, state: Any, role: str) -> Any:
+    """Pins a decode state to its shardings (batch on 'data', heads as the rules say), so GSPMD
+    keeps the cache split through the loop instead of choosing a layout of its own."""
+    return state if partitioner is None else partitioner.constrain_state(model, state, role)
+
+
+def _batch_size(batch: dict[str, jax.Array]) -> int:
+    return inputs.input_tokens(batch).shape[0]
