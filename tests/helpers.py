@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from speculative import decoding, sampling
+from speculative import sampling
 from speculative.models import decoder, t5
 
 
@@ -255,19 +259,35 @@ def t5_1_1_small(**overrides) -> t5.T5:
     return t5.T5(dataclasses.replace(config, **overrides))
 
 
-def greedy_reference_with_mid_eos(model, params, batch, max_len: int, vocab: int):
-    """An EOS id some rows emit mid-sequence (row 0's 7th free-running token), the plain greedy
-    decode stopping at it, and the free-running decode (for fitting n-gram tables on the target's
-    own outputs). Returns (eos_id, reference DecodeOutput, free DecodeOutput)."""
-    free = decoding.autoregressive_decode(
-        model, params, batch, max_decode_len=max_len, eos_id=vocab
-    )
-    eos_id = int(free.tokens[0, 6])
-    ref = decoding.autoregressive_decode(
-        model, params, batch, max_decode_len=max_len, eos_id=eos_id
-    )
-    assert np.asarray(ref.lengths).min() < max_len, "want a row that stops at the EOS"
-    return eos_id, ref, free
+# ------------------------------------------------------------------------------------------------
+# The decode tests' two setups (fixtures in tests/conftest.py).
+
+# Greedy token identity: a 64-id vocabulary, decodes of 19 tokens (not a multiple of gamma + 1, so
+# the length limit falls inside a block).
+GREEDY_VOCAB, GREEDY_MAX_LEN = 64, 19
+
+# Sampled exactness: 6 ids, sequences of up to SEQ_LEN tokens after PROMPT (stopping at EOS), N rows
+# decoded at once and compared with the exact sequence probabilities by a chi-square test.
+SV, SEQ_LEN, EOS, N = 6, 3, 5, 24_000
+PROMPT = [1, 3, 2]
+
+
+def small_target():
+    """The sampled checks' target: (model, params) over SV ids."""
+    return tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
+
+
+def small_draft():
+    """An unrelated draft for `small_target` (accepted ~60% of the time)."""
+    return tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=2, seed=13)
+
+
+def repeated_prompt(n: int, prompt=PROMPT):
+    """n copies of `prompt` as a decoder batch."""
+    return {
+        "prompt": jnp.tile(jnp.asarray([prompt], jnp.int32), (n, 1)),
+        "prompt_lengths": jnp.full((n,), len(prompt), jnp.int32),
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,3 +304,43 @@ def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
     """Writes one {"inputs": text} row per text to `path`; returns it."""
     path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Modules that need several XLA:CPU host devices, run in a subprocess.
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def host_devices_env(devices: int = 8) -> dict[str, str]:
+    """This process's environment with XLA_FLAGS asking for `devices` XLA:CPU host devices."""
+    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+
+
+def run_pytest_on_host_devices(
+    modules: list[str], report: pathlib.Path, min_tests: int, devices: int = 8, timeout: int = 900
+) -> dict[str, int]:
+    """Runs pytest on `modules` (paths relative to the repository) in a fresh interpreter with
+    `devices` host devices (XLA's device count is fixed when JAX starts, and the suite runs on one
+    device), and asserts that at least `min_tests` ran, all passed and none was skipped (a module
+    skips itself without the devices). `report` is the JUnit XML file it writes. Returns the counts.
+    """
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += [f"--junitxml={report}", *modules]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=host_devices_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    log = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"{' '.join(modules)} failed on {devices} devices:\n{log}"
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    assert counts["tests"] >= min_tests and counts["failures"] == counts["errors"] == 0, log
+    assert counts["skipped"] == 0, f"tests were skipped (not {devices} devices?):\n{log}"
+    return counts

@@ -11,26 +11,7 @@ from speculative.drafts import base, layer_skip, ngram, prompt_lookup
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
-V, MAX_LEN = 64, 19
-
-
-@pytest.fixture(scope="module")
-def target():
-    return helpers.tiny_decoder(V, emb=64, layers=2, heads=4, kv_heads=2, seed=0)
-
-
-@pytest.fixture(scope="module")
-def batch():
-    return helpers.ragged_prompts(0, batch=9, width=7, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def reference(target, batch):
-    """An EOS id some rows emit mid-sequence, the plain greedy decode with it, and tables fitted on
-    the target's own outputs (so that the drafts are right some of the time)."""
-    eos_id, ref, free = helpers.greedy_reference_with_mid_eos(*target, batch, MAX_LEN, V)
-    tables = ngram.fit(helpers.rows_as_sequences(free.tokens, free.lengths), V, top_k=4)
-    return eos_id, ref, tables
+V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, batch: conftest.py
 
 
 def _drafts(tables):
@@ -43,8 +24,8 @@ def _drafts(tables):
 
 @pytest.mark.parametrize("gamma", [1, 8])
 @pytest.mark.parametrize("kind", ["unigram", "bigram", "prompt_lookup"])
-def test_greedy_identical_to_plain(target, batch, reference, kind, gamma):
-    eos_id, ref, tables = reference
+def test_greedy_identical_to_plain(target, batch, greedy_reference, kind, gamma):
+    eos_id, ref, tables = greedy_reference
     drafter, params = _drafts(tables)[kind]
     out = decoding.speculative_decode(
         *target, drafter, params, batch, gamma=gamma, max_decode_len=MAX_LEN, eos_id=eos_id
@@ -58,8 +39,7 @@ def test_greedy_identical_to_plain(target, batch, reference, kind, gamma):
         )
 
 
-SV, SEQ_LEN, EOS, N = 6, 3, 5, 24_000
-PROMPT = [1, 3, 2]
+SV, SEQ_LEN, EOS, N, PROMPT = helpers.SV, helpers.SEQ_LEN, helpers.EOS, helpers.N, helpers.PROMPT
 
 
 @pytest.mark.parametrize(
@@ -72,14 +52,13 @@ PROMPT = [1, 3, 2]
         (SamplingConfig(temperature=1.2, top_p=0.7), 3, "prompt_lookup"),
     ],
 )
-def test_sampled_sequences_follow_target_distribution(cfg, gamma, kind):
-    tgt, tgt_params = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
-    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
+def test_sampled_sequences_follow_target_distribution(
+    small_pair, small_target_probs, cfg, gamma, kind
+):
+    (tgt, tgt_params), _ = small_pair
+    exact = small_target_probs(cfg)
     tables = ngram.fit([[1, 3, 2, 4, 4, 0, 2, 3, 1, 1, 4, 2]], SV, top_k=2, add_k=0.5)
-    prompts = {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (N, 1)),
-        "prompt_lengths": jnp.full((N,), len(PROMPT), jnp.int32),
-    }
+    prompts = helpers.repeated_prompt(N)
     drafter, params = {
         "unigram": (ngram.NgramDrafter(SV, 1), tables),
         "bigram": (ngram.NgramDrafter(SV), tables),
@@ -206,10 +185,7 @@ def test_layer_skip_self_draft_follows_target_distribution():
     cfg = SamplingConfig(temperature=1.0)
     tgt, tgt_params = helpers.tiny_decoder(SV, emb=16, layers=2, heads=2, kv_heads=1, seed=11)
     exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
-    prompts = {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (N, 1)),
-        "prompt_lengths": jnp.full((N,), len(PROMPT), jnp.int32),
-    }
+    prompts = helpers.repeated_prompt(N)
     drafter = layer_skip.LayerSkipDrafter(target=tgt, num_layers=1)
     out = decoding.speculative_decode(
         tgt, tgt_params, drafter, tgt_params, prompts, gamma=2, max_decode_len=SEQ_LEN,

@@ -2,7 +2,6 @@
 every draft kind, and really draft fewer tokens."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,34 +11,16 @@ from speculative.drafts import ngram, prompt_lookup
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
-V, MAX_LEN = 64, 19
+V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py
 POLICIES = {
     "confidence": GammaPolicy("confidence", threshold=0.3),
     "schedule": GammaPolicy("schedule", initial=2),
 }
 
 
-@pytest.fixture(scope="module")
-def target():
-    return helpers.tiny_decoder(V, emb=64, layers=2, heads=4, kv_heads=2, seed=0)
-
-
-@pytest.fixture(scope="module")
-def batch():
-    return helpers.ragged_prompts(0, batch=9, width=7, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def reference(target, batch):
-    eos_id, ref, free = helpers.greedy_reference_with_mid_eos(*target, batch, MAX_LEN, V)
-    tables = ngram.fit(helpers.rows_as_sequences(free.tokens, free.lengths), V, top_k=4)
-    return eos_id, ref, tables
-
-
-def _draft(kind, tables):
+def _draft(kind, tables, draft):
     if kind == "model":
-        # A sharpened copy of the target's own weights as the draft: confident and often right.
-        return helpers.tiny_decoder(V, emb=32, layers=1, heads=2, kv_heads=1, seed=1)
+        return draft  # an unrelated smaller model
     if kind == "bigram":
         return ngram.NgramDrafter(V), tables
     return prompt_lookup.PromptLookupDrafter(V), ()
@@ -48,10 +29,10 @@ def _draft(kind, tables):
 @pytest.mark.parametrize("gamma", [1, 8])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("kind", ["model", "bigram", "prompt_lookup"])
-def test_greedy_identical_to_plain(target, batch, reference, kind, policy, gamma):
-    eos_id, ref, tables = reference
+def test_greedy_identical_to_plain(target, draft, batch, greedy_reference, kind, policy, gamma):
+    eos_id, ref, tables = greedy_reference
     out = decoding.speculative_decode(
-        *target, *_draft(kind, tables), batch, gamma=gamma, max_decode_len=MAX_LEN,
+        *target, *_draft(kind, tables, draft), batch, gamma=gamma, max_decode_len=MAX_LEN,
         eos_id=eos_id, gamma_policy=POLICIES[policy],
     )  # fmt: skip
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -62,14 +43,12 @@ def test_greedy_identical_to_plain(target, batch, reference, kind, policy, gamma
     np.testing.assert_array_equal(s.draft_calls, s.drafted)
 
 
-def test_policies_draft_fewer_tokens(target, batch, reference):
-    eos_id, _, tables = reference
+def test_policies_draft_fewer_tokens(target, draft, batch, greedy_reference):
+    eos_id, _, tables = greedy_reference
     run = dict(gamma=8, max_decode_len=MAX_LEN, eos_id=eos_id)
     drafted = {}
     for name, policy in [("fixed", GammaPolicy())] + list(POLICIES.items()):
-        out = decoding.speculative_decode(
-            *target, *_draft("model", tables), batch, gamma_policy=policy, **run
-        )
+        out = decoding.speculative_decode(*target, *draft, batch, gamma_policy=policy, **run)
         drafted[name] = (
             np.asarray(out.stats.drafted).sum() / np.asarray(out.stats.target_calls).sum()
         )
@@ -77,8 +56,7 @@ def test_policies_draft_fewer_tokens(target, batch, reference):
     assert drafted["confidence"] < 8 and drafted["schedule"] < 8, drafted
 
 
-SV, SEQ_LEN, EOS, N = 6, 3, 5, 24_000
-PROMPT = [1, 3, 2]
+SEQ_LEN, EOS, N = helpers.SEQ_LEN, helpers.EOS, helpers.N
 
 
 @pytest.mark.parametrize(
@@ -89,14 +67,10 @@ PROMPT = [1, 3, 2]
         (SamplingConfig(temperature=1.0), GammaPolicy("schedule", initial=1)),
     ],
 )
-def test_sampled_sequences_follow_target_distribution(cfg, policy):
-    tgt, tgt_params = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
-    drf, drf_params = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=2, seed=13)
-    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
-    prompts = {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (N, 1)),
-        "prompt_lengths": jnp.full((N,), len(PROMPT), jnp.int32),
-    }
+def test_sampled_sequences_follow_target_distribution(small_pair, small_target_probs, cfg, policy):
+    (tgt, tgt_params), (drf, drf_params) = small_pair
+    exact = small_target_probs(cfg)
+    prompts = helpers.repeated_prompt(N)
     out = decoding.speculative_decode(
         tgt, tgt_params, drf, drf_params, prompts, gamma=3, max_decode_len=SEQ_LEN, sampling=cfg,
         eos_id=EOS, rng=jax.random.PRNGKey(3), gamma_policy=policy,

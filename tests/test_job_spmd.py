@@ -14,7 +14,6 @@ import pathlib
 import socket
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -31,25 +30,9 @@ def _write_inputs(path: pathlib.Path) -> pathlib.Path:
 
 
 def test_infer_job_on_meshes_of_8_host_devices(tmp_path):
-    report = tmp_path / "meshes.xml"
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env = {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
-    proc = subprocess.run(
-        cmd + ["tests/test_job_meshes.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    helpers.run_pytest_on_host_devices(
+        ["tests/test_job_meshes.py"], tmp_path / "meshes.xml", min_tests=3
     )
-    log = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"mesh job tests failed:\n{log}"
-    suite = ET.parse(report).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    assert counts["tests"] >= 3 and counts["failures"] == counts["errors"] == 0, log
-    assert counts["skipped"] == 0, f"mesh job tests were skipped (not 8 devices?):\n{log}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,12 +143,7 @@ def test_two_processes_on_cpu_resume_a_job_and_write_its_rows_once(tmp_path, mon
     out.mkdir()
     (out / "job.json").write_text((one / "job.json").read_text())
     (out / "predictions.jsonl").write_text("\n".join(expected[:2]) + "\n")  # batch 0 of 2
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "JAX_PLATFORMS": "cpu",
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-    }
+    env = {**helpers.host_devices_env(2), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
     cmd = [sys.executable, "-m", "speculative.infer", *common, f"--gin.OUTPUT_DIR='{out}'"]
     cmd += [
         "--gin.PARTITIONER=@partitioning.create_partitioner()",

@@ -96,10 +96,11 @@ def _pvalue(samples, probs):
     return stats.chisquare(counts[support], expected).pvalue
 
 
-@pytest.mark.parametrize("cfg", CONFIGS)
-def test_verify_output_matches_target_by_chi_square(cfg):
-    n = 200_000
-    n_acc, first, next_token = _draw(cfg, n, seed=0)
+def check_verify_output_matches_target(cfg, n=200_000, seed=0):
+    """One draft position + bonus: the first token follows p_1, the bonus after an accepted draft
+    follows p_2, the acceptance rate is beta (chi-square and a 4-sigma band). Also run on mutants of
+    the acceptance rule (tests/test_mutations.py)."""
+    n_acc, first, next_token = _draw(cfg, n, seed=seed)
     p1 = np.exp(np.asarray(sampling.process_logits(TARGET[0], cfg), np.float64))
     p2 = np.exp(np.asarray(sampling.process_logits(TARGET[1], cfg), np.float64))
     q1 = np.exp(np.asarray(sampling.process_logits(DRAFT[0], cfg), np.float64))
@@ -111,6 +112,11 @@ def test_verify_output_matches_target_by_chi_square(cfg):
     assert abs(n_acc.mean() - beta) < 4 * np.sqrt(beta * (1 - beta) / n)
     # Power: the same test rejects the draft's distribution (what a wrong rule would emit).
     assert _pvalue(first, q1) < 1e-6
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_verify_output_matches_target_by_chi_square(cfg):
+    check_verify_output_matches_target(cfg)
 
 
 def test_verify_greedy_accepts_exact_prefix():

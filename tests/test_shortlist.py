@@ -14,7 +14,7 @@ from speculative.models import decoder
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
-V, MAX_LEN = 64, 19
+V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, batch: conftest.py
 
 
 def _logits(model, params, tokens):
@@ -88,24 +88,19 @@ def test_python_sources_fit_a_shortlist_on_the_standard_library():
 
 
 @pytest.fixture(scope="module")
-def pair():
-    target = helpers.tiny_decoder(V, emb=64, layers=2, heads=4, kv_heads=2, seed=0)
-    draft_model, draft_params = helpers.tiny_decoder(
-        V, emb=32, layers=1, heads=2, kv_heads=1, seed=3
-    )
-    return target, (draft_model, draft_params)
+def shortlist_draft():
+    return helpers.tiny_decoder(V, emb=32, layers=1, heads=2, kv_heads=1, seed=3)
 
 
 @pytest.mark.parametrize("gamma", [1, 8])
-def test_greedy_shortlist_draft_is_identical_to_plain(pair, gamma):
-    (target, target_params), (draft, draft_params) = pair
-    batch = helpers.ragged_prompts(0, batch=9, width=7, vocab=V)
-    eos_id, ref, free = helpers.greedy_reference_with_mid_eos(
-        target, target_params, batch, MAX_LEN, V
-    )
+def test_greedy_shortlist_draft_is_identical_to_plain(
+    target, shortlist_draft, batch, greedy_free, greedy_reference, gamma
+):
+    (target, target_params), (draft, draft_params) = target, shortlist_draft
+    eos_id, ref, _ = greedy_reference
     # The target's own head, cut to the ids its free-running outputs use but the EOS: the draft
     # then agrees often, yet can never propose the EOS some rows stop at.
-    used = np.unique(np.asarray(free.tokens))
+    used = np.unique(np.asarray(greedy_free.tokens))
     ids = [int(t) for t in used if t != eos_id]
     config, params = decoder.restrict_head(target.config, target_params, ids)
     out = decoding.speculative_decode(
@@ -124,8 +119,7 @@ def test_greedy_shortlist_draft_is_identical_to_plain(pair, gamma):
     np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
-SV, SEQ_LEN, EOS, N = 6, 3, 5, 24_000
-PROMPT = [1, 3, 2]
+SV, SEQ_LEN, EOS, N = helpers.SV, helpers.SEQ_LEN, helpers.EOS, helpers.N
 
 
 @pytest.mark.parametrize(
@@ -136,16 +130,15 @@ PROMPT = [1, 3, 2]
         (SamplingConfig(temperature=1.2, top_p=0.7), 2),
     ],
 )
-def test_sampled_shortlist_draft_follows_target_distribution(cfg, gamma):
-    tgt, tgt_params = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
+def test_sampled_shortlist_draft_follows_target_distribution(
+    small_pair, small_target_probs, cfg, gamma
+):
+    (tgt, tgt_params), _ = small_pair
     draft, draft_params = helpers.tiny_decoder(SV, emb=16, layers=1, heads=2, kv_heads=1, seed=2)
     # ids 1 and EOS are off the shortlist: only the residual can emit them
     config, params = decoder.restrict_head(draft.config, draft_params, [0, 2, 3, 4])
-    exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, SV, EOS, cfg)
-    prompts = {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (N, 1)),
-        "prompt_lengths": jnp.full((N,), len(PROMPT), jnp.int32),
-    }
+    exact = small_target_probs(cfg)
+    prompts = helpers.repeated_prompt(N)
     out = decoding.speculative_decode(
         tgt, tgt_params, decoder.DecoderLM(config), params, prompts, gamma=gamma,
         max_decode_len=SEQ_LEN, sampling=cfg, eos_id=EOS, rng=jax.random.PRNGKey(7),

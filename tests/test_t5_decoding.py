@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from speculative import decoding, sampling
 from tests import helpers
@@ -63,27 +62,6 @@ def _sequence_probs(model, params, encoder_tokens, vocab, length, cfg):
     return probs
 
 
-def _chisquare_pvalue(samples, probs) -> float:
-    """Pearson chi-square of sample counts against exact probabilities, bins with expected < 5
-    pooled into one."""
-    n = len(samples)
-    counts = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    assert set(counts) <= set(probs), "sampled a sequence of probability 0"
-    observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
-    for seq, p in probs.items():
-        if n * p >= 5:
-            observed.append(counts.get(seq, 0))
-            expected.append(n * p)
-        else:
-            pooled_obs += counts.get(seq, 0)
-            pooled_exp += n * p
-    observed.append(pooled_obs)
-    expected.append(pooled_exp)
-    return stats.chisquare(observed, np.asarray(expected) * n / sum(expected)).pvalue
-
-
 def test_sampling_matches_exact_target_distribution():
     vocab, length, rows = 6, 3, 8192
     target, tp, draft, dp = helpers.tiny_t5_pair(vocab, seed=11)
@@ -108,9 +86,9 @@ def test_sampling_matches_exact_target_distribution():
     target_probs = _sequence_probs(target, tp, encoder_tokens, vocab, length, cfg)
     draft_probs = _sequence_probs(draft, dp, encoder_tokens, vocab, length, cfg)
     assert abs(sum(target_probs.values()) - 1) < 1e-6 and len(target_probs) == 1 + 5 + 25 * 6
-    assert _chisquare_pvalue(samples, target_probs) > 1e-3
+    assert helpers.chi_square_pvalue(samples, target_probs) > 1e-3
     # Negative control: the same samples and test reject the draft's own sequence distribution.
-    assert _chisquare_pvalue(samples, draft_probs) < 1e-6
+    assert helpers.chi_square_pvalue(samples, draft_probs) < 1e-6
     accepted, drafted = np.asarray(out.stats["accepted"]), np.asarray(out.stats["drafted"])
     assert 0 < accepted.sum() < drafted.sum()
 

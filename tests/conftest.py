@@ -1,0 +1,83 @@
+"""Fixtures shared by the test modules (plain functions live in tests/helpers.py).
+
+Models, params and batches are immutable, so they are built once per process (session scope) and
+shared across modules: a jitted loop called with the same static arguments (the same model config,
+DecodeConfig, shapes) is then a hit in JAX's in-process compilation cache.
+
+- the greedy setup (`helpers.GREEDY_VOCAB` ids, decodes of `helpers.GREEDY_MAX_LEN` tokens):
+  `target`, `draft`, `batch`, `greedy_free` (the target's free-running greedy decode) and
+  `greedy_reference` (an EOS some rows emit mid-sequence, the plain greedy decode stopping at it,
+  bigram tables fitted on the target's own outputs);
+- the sampled setup (`helpers.SV` ids, `helpers.SEQ_LEN` tokens after `helpers.PROMPT`):
+  `small_pair` (a target and an unrelated draft) and `small_target_probs` (the target's exact
+  sequence probabilities under a SamplingConfig, computed once per config).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speculative import decoding
+from speculative.drafts import ngram
+from tests import helpers
+
+
+@pytest.fixture(scope="session")
+def target():
+    """(model, params): 2 layers, GQA, random weights."""
+    return helpers.tiny_decoder(helpers.GREEDY_VOCAB, emb=64, layers=2, heads=4, kv_heads=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    """(model, params): an unrelated smaller model over the same ids."""
+    return helpers.tiny_decoder(helpers.GREEDY_VOCAB, emb=32, layers=1, heads=2, kv_heads=1, seed=1)
+
+
+@pytest.fixture(scope="session")
+def batch():
+    """9 right-padded prompts of lengths 1..7 (row 0 full, row 1 one token)."""
+    return helpers.ragged_prompts(0, batch=9, width=7, vocab=helpers.GREEDY_VOCAB)
+
+
+@pytest.fixture(scope="session")
+def greedy_free(target, batch):
+    """The target's free-running greedy decode of `batch` (its EOS id is never emitted)."""
+    vocab, max_len = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN
+    return decoding.autoregressive_decode(*target, batch, max_decode_len=max_len, eos_id=vocab)
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(target, batch, greedy_free):
+    """(eos_id, reference DecodeOutput, bigram tables): an EOS id some rows emit mid-sequence (row
+    0's 7th free-running token), the plain greedy decode stopping at it, and bigram tables fitted
+    on the target's free-running outputs (so that n-gram drafts are right some of the time)."""
+    vocab, max_len = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN
+    eos_id = int(greedy_free.tokens[0, 6])
+    ref = decoding.autoregressive_decode(*target, batch, max_decode_len=max_len, eos_id=eos_id)
+    assert np.asarray(ref.lengths).min() < max_len, "want a row that stops at the EOS"
+    rows = helpers.rows_as_sequences(greedy_free.tokens, greedy_free.lengths)
+    return eos_id, ref, ngram.fit(rows, vocab, top_k=4)
+
+
+@pytest.fixture(scope="session")
+def small_pair():
+    """((target, params), (draft, params)) over `helpers.SV` ids, for the sampled checks."""
+    return helpers.small_target(), helpers.small_draft()
+
+
+@pytest.fixture(scope="session")
+def small_target_probs(small_pair):
+    """cfg -> the exact sequence probabilities of the small target after `helpers.PROMPT`."""
+    (model, params), _ = small_pair
+    cache: dict = {}
+
+    def probs(cfg):
+        if cfg not in cache:
+            cache[cfg] = helpers.exact_sequence_probs(
+                model, params, helpers.PROMPT, helpers.SEQ_LEN, helpers.SV, helpers.EOS, cfg
+            )
+        return cache[cfg]
+
+    return probs
