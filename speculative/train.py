@@ -247,16 +247,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.warmup_steps)
     params = model.init_params(jax.random.PRNGKey(cfg.seed))
     opt_state = optimizer.init(params)
-    start = 0
-    # The latest checkpoint at or before `steps`: a run can be cut back to an earlier checkpoint
-    # (the one the validation loss preferred) by setting steps, as the schedule and the batches
-    # are functions of the step alone.
-    steps_done = [s for s in t5x_write.checkpoint_steps(out) if s <= cfg.steps]
-    if steps_done:
-        latest = out / f"checkpoint_{steps_done[-1]}"
-        params = load_t5x(str(latest), model.config)
-        start, opt_state = t5x_write.load_train_state(latest, opt_state)
-        print(f"resuming from {latest} (step {start})")
+    start, params, opt_state = _restore(cfg, out, params, opt_state)
     teacher_params = None
     if cfg.teacher is not None:
         if not cfg.teacher_checkpoint:
@@ -291,6 +282,27 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if bar is not None:
         bar.close()
     log.close()
+    return _finish(cfg, out, params, loss)
+
+
+def _restore(cfg: TrainConfig, out: pathlib.Path, params: Any, opt_state: Any) -> tuple:
+    """(start step, params, optimizer state): the latest checkpoint at or before `steps`, or the
+    fresh ones at step 0. A run can be cut back to an earlier checkpoint (the one the validation
+    loss preferred) by setting steps, as the schedule and the batches are functions of the step
+    alone."""
+    steps_done = [s for s in t5x_write.checkpoint_steps(out) if s <= cfg.steps]
+    if not steps_done:
+        return 0, params, opt_state
+    latest = out / f"checkpoint_{steps_done[-1]}"
+    params = load_t5x(str(latest), cfg.model.config)
+    start, opt_state = t5x_write.load_train_state(latest, opt_state)
+    print(f"resuming from {latest} (step {start})")
+    return start, params, opt_state
+
+
+def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> dict[str, Any]:
+    """The final metrics from metrics.jsonl (every run of this directory), loss.png and
+    summary.json."""
     history = [json.loads(line) for line in open(out / "metrics.jsonl", encoding="utf-8")]
     plot_losses(history, out / "loss.png")
     logged = [h["loss"] for h in history if "loss" in h]
