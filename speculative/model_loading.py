@@ -15,6 +15,10 @@ Formats (ModelSpec.format):
 A file a loader cannot read becomes a JobError naming the role and the file (`error: target PATH:
 ...`). `fit_vocabulary` checks the tokenizer against each model's output size before decoding and
 masks the padding ids of a model table padded past the tokenizer (`PaddingMasked`).
+
+A draft that is not a separate model is a `speculative.DraftSpec`; its kinds, their checks and
+builders live in `speculative.drafts.registry` (DraftSpec is defined there and re-exported here),
+and `build_draft` builds one for the fitted target.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,9 +34,18 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, sharded_checkpoints, vocab
-from speculative.drafts import layer_skip, ngram, prompt_lookup, shortlist
-from speculative.errors import JobError, strip_path
-from speculative.models import decoder, t5
+from speculative.decoding.drafter import Drafter
+from speculative.drafts import registry, shortlist
+from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
+from speculative.errors import (
+    LOADER_ERRORS,
+    MALFORMED_ERRORS,
+    JobError,
+    check_path,
+    is_remote,
+    loader_error,
+)
+from speculative.models import decoder, padding, t5
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
 
@@ -68,27 +80,6 @@ class VocabSpec:
     extra_ids: int = 100
 
 
-@gin.configurable(module="speculative")
-@dataclasses.dataclass(frozen=True)
-class DraftSpec:
-    """A draft that is not a separate model (configs/drafts/*.gin), accepted wherever a draft
-    ModelSpec is. kind:
-      'prompt_lookup'  copies the continuation of the latest n-gram match (max_ngram..min_ngram)
-      'unigram' / 'bigram'  n-gram tables (`tables`: an .npz written by `speculative.fit_ngram`)
-      'layer_skip'     the target's first `num_layers` layers (a DecoderLM target, its params)
-    Built after `fit_vocabulary`, from the fitted target (`build_draft`).
-    """
-
-    kind: str = gin.REQUIRED
-    max_ngram: int = 3
-    min_ngram: int = 1
-    tables: str | None = None
-    num_layers: int = 1
-
-
-DRAFT_KINDS = ("prompt_lookup", "unigram", "bigram", "layer_skip")
-
-
 @dataclasses.dataclass(frozen=True)
 class Loaded:
     """A model with its weights. description says where the weights came from (for outputs).
@@ -98,18 +89,11 @@ class Loaded:
     params: Any
     description: str
 
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _check_path(role: str, what: str, path: Any) -> str:
-    if path is None or path is gin.REQUIRED or path == "":
-        raise JobError(f"{what} needs a checkpoint path; none is bound", role=role)
-    path = os.fspath(path)
-    if not _is_remote(path) and not os.path.exists(path):
-        raise JobError("path does not exist", role=role, path=path)
-    return path
+    @property
+    def is_model(self) -> bool:
+        """True for a separate draft (or target) model, a LanguageModel (padding-masked or not);
+        False for a Drafter, such as a DraftSpec's."""
+        return isinstance(self.model, LanguageModel) and not isinstance(self.model, Drafter)
 
 
 def where(spec: ModelSpec | VocabSpec) -> str:
@@ -119,31 +103,16 @@ def where(spec: ModelSpec | VocabSpec) -> str:
     return "(random weights)" if isinstance(spec, ModelSpec) else f"({spec.kind} vocabulary)"
 
 
-# What a loader raises for a file it cannot read: a ValueError or an OSError by contract; the
-# others are the contract broken by a malformed file (a config.json of the wrong shape, say).
-_LOADER_ERRORS = (ValueError, OSError)
-_MALFORMED_ERRORS = (KeyError, TypeError, AttributeError, IndexError, RuntimeError)
-
-
-def loader_error(error: Exception, role: str, path: str) -> JobError:
-    """A loader's exception as a one-line JobError naming the role and the file."""
-    if isinstance(error, _LOADER_ERRORS):
-        what = strip_path(str(error), path) or type(error).__name__
-    else:
-        what = f"cannot be read ({type(error).__name__}: {error})"
-    return JobError(what, role=role, path=path)
-
-
 def _gguf_path(role: str, path: Any) -> str:
     if isinstance(path, str) and path in fetch.MODELS:
         return str(fetch.ensure_model(path))
-    return _check_path(role, "format 'gguf'", path)
+    return check_path(role, "format 'gguf'", path)
 
 
 def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
     """Raises JobError for a spec that cannot be loaded (checked before any weight is read)."""
     if isinstance(spec, DraftSpec):
-        validate_draft_spec(spec, role)
+        registry.validate(spec, role)
         return
     if not isinstance(spec, ModelSpec):
         raise JobError(f"{role}: expected a speculative.ModelSpec, got {type(spec).__name__}")
@@ -166,33 +135,9 @@ def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
     if spec.format == "t5x" and not isinstance(spec.model, t5.T5):
         raise JobError(f"{role}: format 't5x' needs a t5.T5 model, got {type(spec.model).__name__}")
     if spec.format in ("hf_t5", "t5x"):
-        _check_path(role, f"format {spec.format!r}", spec.path)
+        check_path(role, f"format {spec.format!r}", spec.path)
     if spec.format == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
-        _check_path(role, "format 'gguf'", spec.path)
-
-
-def validate_draft_spec(spec: DraftSpec, role: str = "draft") -> None:
-    """Raises JobError for a DraftSpec that cannot be built (before anything is loaded)."""
-    if spec.kind not in DRAFT_KINDS:
-        raise JobError(f"{role}: unknown DraftSpec.kind {spec.kind!r}; known: {DRAFT_KINDS}")
-    if spec.kind == "prompt_lookup" and not (
-        isinstance(spec.min_ngram, int)
-        and isinstance(spec.max_ngram, int)
-        and 1 <= spec.min_ngram <= spec.max_ngram
-    ):
-        raise JobError(
-            f"{role}: prompt lookup needs 1 <= min_ngram <= max_ngram, got "
-            f"{spec.min_ngram!r}..{spec.max_ngram!r}"
-        )
-    if spec.kind in ("unigram", "bigram"):
-        _check_path(role, f"a {spec.kind} draft's tables", _expand(spec.tables))
-    if spec.kind == "layer_skip" and (not isinstance(spec.num_layers, int) or spec.num_layers < 1):
-        raise JobError(f"{role}: layer_skip num_layers must be an integer >= 1")
-
-
-def _expand(path: Any) -> Any:
-    """A local path with `~` expanded (configs name tables under ~/.cache); others unchanged."""
-    return os.path.expanduser(path) if isinstance(path, str) else path
+        check_path(role, "format 'gguf'", spec.path)
 
 
 def is_encoder_decoder(spec: ModelSpec) -> bool:
@@ -206,21 +151,12 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
     """One line naming the weights (or the draft kind and options); random weights are labelled
     loudly."""
     if isinstance(spec, DraftSpec):
-        return describe_draft(spec)
+        return registry.describe(spec)
     head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
     if spec.format == "random":
         return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}{head}"
     extra = f" as {spec.model!r}" if spec.model is not None else ""
     return f"{spec.format}:{spec.path} ({spec.dtype}){extra}{head}"
-
-
-def describe_draft(spec: DraftSpec) -> str:
-    """A DraftSpec's kind and the options it uses."""
-    if spec.kind == "prompt_lookup":
-        return f"prompt_lookup (ngram {spec.max_ngram}..{spec.min_ngram})"
-    if spec.kind == "layer_skip":
-        return f"layer_skip (the target's first {spec.num_layers} layer(s))"
-    return f"{spec.kind} (tables {spec.tables})"
 
 
 def with_shortlist(
@@ -235,9 +171,7 @@ def with_shortlist(
     size = getattr(spec, "shortlist", 0) if isinstance(spec, ModelSpec) else 0
     if not size:
         return draft
-    model, wrapper = draft.model, None
-    if isinstance(model, PaddingMasked):
-        model, wrapper = model.model, model
+    model, mask = padding.split(draft.model)
     if type(model) is not decoder.DecoderLM:  # noqa: E721
         raise JobError(
             f"shortlist needs a decoder-only draft, got {type(model).__name__}", role=role
@@ -249,48 +183,16 @@ def with_shortlist(
         config, params = decoder.restrict_head(model.config, draft.params, ids)
     except ValueError as e:
         raise JobError(f"shortlist: {e}", role=role) from e
-    restricted: Any = decoder.DecoderLM(config)
-    if wrapper is not None:
-        restricted = dataclasses.replace(wrapper, model=restricted)
+    restricted = mask(decoder.DecoderLM(config))
     print(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
     return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
 
 
 def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:
-    """The drafter a DraftSpec names, built for the fitted (vocabulary-checked) target."""
-    validate_draft_spec(spec, role)
-    vocab_size = target.model.vocab_size
-    if spec.kind == "prompt_lookup":
-        drafter = prompt_lookup.PromptLookupDrafter(vocab_size, spec.max_ngram, spec.min_ngram)
-        return Loaded(drafter, (), describe_draft(spec))
-    if spec.kind == "layer_skip":
-        model, padding = target.model, None
-        if isinstance(model, PaddingMasked):  # padding ids masked out of the draft alike
-            model, padding = model.model, (model.used, model.width)
-        if type(model) is not decoder.DecoderLM:  # noqa: E721 (other wrappers are refused)
-            raise JobError(
-                f"layer_skip needs a DecoderLM target, got {type(model).__name__}", role=role
-            )
-        try:
-            drafter = layer_skip.LayerSkipDrafter(model, spec.num_layers, padding)
-        except ValueError as e:
-            raise JobError(str(e), role=role) from e
-        return Loaded(drafter, target.params, describe_draft(spec))
-    try:
-        tables = ngram.load(_expand(spec.tables))
-    except JobError:
-        raise
-    except _LOADER_ERRORS + _MALFORMED_ERRORS + (zipfile.BadZipFile, EOFError) as e:
-        raise loader_error(e, role, spec.tables) from e
-    if tables.unigram.shape[0] != vocab_size:
-        raise JobError(
-            f"n-gram tables have {tables.unigram.shape[0]} ids but the target has {vocab_size}",
-            role=role,
-            path=spec.tables,
-        )
-    order = 1 if spec.kind == "unigram" else 2
-    print(f"{role}: {describe_draft(spec)}")
-    return Loaded(ngram.NgramDrafter(vocab_size, order), tables, describe_draft(spec))
+    """The drafter a DraftSpec names (`drafts.registry`), built for the fitted (vocabulary-checked)
+    target."""
+    drafter, params = registry.build(spec, target.model, target.params, role)
+    return Loaded(drafter, params, registry.describe(spec))
 
 
 def with_dtype(model: Any, dtype: str) -> Any:
@@ -325,7 +227,7 @@ def load_model(spec: ModelSpec, role: str = "model", partitioner: Any = None) ->
             model, params = _read_sharded(spec, role, partitioner)
     except JobError:
         raise
-    except _LOADER_ERRORS + _MALFORMED_ERRORS as e:
+    except LOADER_ERRORS + MALFORMED_ERRORS as e:
         raise loader_error(e, role, where(spec)) from e
     count = sum(x.size for x in jax.tree.leaves(params))
     print(
@@ -376,7 +278,7 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
 def _local_copy(path: str) -> str:
     """A local file with the contents of path; gs:// files are read once with TensorStore (its
     kvstore speaks GCS) into the cache, since SentencePiece only opens local files."""
-    if not _is_remote(path):
+    if not is_remote(path):
         return path
     import hashlib
 
@@ -402,9 +304,9 @@ def validate_vocab_spec(spec: VocabSpec, role: str) -> None:
     if spec.kind not in VOCAB_KINDS:
         raise JobError(f"{role}: unknown VocabSpec.kind {spec.kind!r}; known: {VOCAB_KINDS}")
     if spec.kind == "sentencepiece":
-        _check_path(role, "a SentencePiece vocabulary", spec.path)
+        check_path(role, "a SentencePiece vocabulary", spec.path)
     if spec.kind == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
-        _check_path(role, "a GGUF vocabulary", spec.path)
+        check_path(role, "a GGUF vocabulary", spec.path)
 
 
 def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabulary:
@@ -418,7 +320,7 @@ def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabula
         return vocab.from_gguf(_gguf_path(role, spec.path))
     except JobError:
         raise
-    except _LOADER_ERRORS + _MALFORMED_ERRORS as e:
+    except LOADER_ERRORS + MALFORMED_ERRORS as e:
         raise loader_error(e, role, where(spec)) from e
 
 

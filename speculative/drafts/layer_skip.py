@@ -9,7 +9,8 @@ the output head, which it shares). Exact like any model draft: its q is what it 
     drafter = LayerSkipDrafter(target_model, num_layers=4)
     speculative_decode(target_model, params, drafter, params, batch, gamma=..., ...)
 
-Decoder-only targets (`models.decoder.DecoderLM`) only.
+Decoder-only targets (`models.decoder.DecoderLM`) only. A target whose padding ids are masked
+(`models.padding.PaddingMasked`) gives a draft masked alike, so q never proposes them either.
 """
 
 from __future__ import annotations
@@ -18,39 +19,36 @@ import dataclasses
 from typing import Any
 
 from speculative.decoding.model_drafter import ModelDrafter
-from speculative.models import decoder
-from speculative.models.padding import PaddingMasked
+from speculative.drafts import registry
+from speculative.errors import JobError
+from speculative.models import decoder, padding
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSkipDrafter(ModelDrafter):
     """The first `num_layers` layers of `target` as a draft; params are the target's own.
 
-    padding: (used, width) when the job masks padding ids out of the target
-    (`models.padding.PaddingMasked`): the draft is masked alike, so q never proposes them either.
+    target: a DecoderLM, or one with its padding ids masked (the draft is then masked alike).
     """
 
     model: Any = dataclasses.field(init=False)
-    target: decoder.DecoderLM
+    target: Any
     num_layers: int = 1
-    padding: tuple[int, int] | None = None
 
     def __post_init__(self):
-        if not isinstance(self.target, decoder.DecoderLM):
+        bare, mask = padding.split(self.target)
+        if not isinstance(bare, decoder.DecoderLM):
             raise ValueError(
                 f"layer-skip drafts need a decoder-only DecoderLM target, got {self.target!r}"
             )
-        total = self.target.config.num_layers
+        total = bare.config.num_layers
         if not isinstance(self.num_layers, int) or not 1 <= self.num_layers < total:
             raise ValueError(
                 f"layer-skip num_layers must be in 1..{total - 1} (the target has {total}), "
                 f"got {self.num_layers!r}"
             )
-        shallow = dataclasses.replace(self.target.config, num_layers=self.num_layers)
-        model: Any = decoder.DecoderLM(shallow)
-        if self.padding is not None:
-            model = PaddingMasked(model, *self.padding)
-        object.__setattr__(self, "model", model)
+        shallow = dataclasses.replace(bare.config, num_layers=self.num_layers)
+        object.__setattr__(self, "model", mask(decoder.DecoderLM(shallow)))
 
     def model_params(self, params: Any) -> Any:
         """The target's parameter tree cut to the draft's layers (same arrays, no copy)."""
@@ -58,10 +56,38 @@ class LayerSkipDrafter(ModelDrafter):
         return {k: v for k, v in params.items() if not k.startswith("layers_") or k in keep}
 
     def check_target(self, target: Any) -> None:
-        if isinstance(target, PaddingMasked) and self.padding == (target.used, target.width):
-            target = target.model
         if target != self.target:
             raise ValueError("a layer-skip draft must be given the target it was built from")
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
-        return partitioner.place_params(self.target, params, "target")
+        return partitioner.place_params(padding.split(self.target)[0], params, "target")
+
+
+# ------------------------------------------------------------------------------------------------
+# The 'layer_skip' draft kind (DraftSpec.num_layers).
+
+
+def _validate(spec: registry.DraftSpec, role: str) -> None:
+    if not isinstance(spec.num_layers, int) or spec.num_layers < 1:
+        raise JobError(f"{role}: layer_skip num_layers must be an integer >= 1")
+
+
+def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
+    bare, _ = padding.split(target_model)
+    if type(bare) is not decoder.DecoderLM:  # noqa: E721 (other wrappers are refused)
+        raise JobError(f"layer_skip needs a DecoderLM target, got {type(bare).__name__}", role=role)
+    try:
+        return LayerSkipDrafter(target_model, spec.num_layers), target_params
+    except ValueError as e:
+        raise JobError(str(e), role=role) from e
+
+
+registry.register(
+    registry.DraftKind(
+        name="layer_skip",
+        description="the target's own first num_layers layers (a DecoderLM target, its params)",
+        build=_build,
+        validate=_validate,
+        describe=lambda spec: f"layer_skip (the target's first {spec.num_layers} layer(s))",
+    )
+)

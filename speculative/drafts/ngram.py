@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import flax
 import jax
@@ -24,6 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
+from speculative.drafts import registry
+from speculative.errors import (
+    LOADER_ERRORS,
+    MALFORMED_ERRORS,
+    JobError,
+    check_path,
+    expand,
+    loader_error,
+)
 from speculative.sampling import SamplingConfig, sample
 
 
@@ -162,3 +173,50 @@ class NgramDrafter(StatelessDrafter):
 
         _, (tokens, logits) = jax.lax.scan(step, context.last, jax.random.split(rng, gamma))
         return tokens.T, jnp.swapaxes(logits, 0, 1), state
+
+
+# ------------------------------------------------------------------------------------------------
+# The 'unigram' and 'bigram' draft kinds (DraftSpec.tables: an .npz of `speculative.fit_ngram`).
+
+
+def _validate(spec: registry.DraftSpec, role: str) -> None:
+    check_path(role, f"a {spec.kind} draft's tables", expand(spec.tables))
+
+
+def _describe(spec: registry.DraftSpec) -> str:
+    return f"{spec.kind} (tables {spec.tables})"
+
+
+def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
+    """(NgramDrafter, its tables) for the target's vocabulary; a file that cannot be read, or
+    tables of another size, is a one-line JobError naming the role and the file."""
+    del target_params
+    vocab_size = target_model.vocab_size
+    try:
+        tables = load(expand(spec.tables))
+    except JobError:
+        raise
+    except LOADER_ERRORS + MALFORMED_ERRORS + (zipfile.BadZipFile, EOFError) as e:
+        raise loader_error(e, role, spec.tables) from e
+    if tables.unigram.shape[0] != vocab_size:
+        raise JobError(
+            f"n-gram tables have {tables.unigram.shape[0]} ids but the target has {vocab_size}",
+            role=role,
+            path=spec.tables,
+        )
+    print(f"{role}: {_describe(spec)}")
+    return NgramDrafter(vocab_size, 1 if spec.kind == "unigram" else 2), tables
+
+
+def _kind(name: str, q: str) -> registry.DraftKind:
+    return registry.DraftKind(
+        name=name,
+        description=f"proposes from {q} of n-gram tables (tables: a speculative.fit_ngram .npz)",
+        build=_build,
+        validate=_validate,
+        describe=_describe,
+    )
+
+
+registry.register(_kind("unigram", "q(x)"))
+registry.register(_kind("bigram", "q(x | the token before)"))

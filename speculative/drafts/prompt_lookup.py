@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.drafts import registry
+from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
 
@@ -81,3 +83,31 @@ class PromptLookupDrafter(StatelessDrafter):
         tokens = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1), axis=1)
         tokens = jnp.where((found >= 0)[:, None], tokens, context.last[:, None]).astype(jnp.int32)
         return tokens, one_hot_logits(tokens, self.vocab_size), state
+
+
+def _validate(spec: registry.DraftSpec, role: str) -> None:
+    if not (
+        isinstance(spec.min_ngram, int)
+        and isinstance(spec.max_ngram, int)
+        and 1 <= spec.min_ngram <= spec.max_ngram
+    ):
+        raise JobError(
+            f"{role}: prompt lookup needs 1 <= min_ngram <= max_ngram, got "
+            f"{spec.min_ngram!r}..{spec.max_ngram!r}"
+        )
+
+
+def _build(spec: registry.DraftSpec, target_model, target_params, role: str):
+    del target_params, role
+    return PromptLookupDrafter(target_model.vocab_size, spec.max_ngram, spec.min_ngram), ()
+
+
+registry.register(
+    registry.DraftKind(
+        name="prompt_lookup",
+        description="copies the continuation of the latest n-gram match (max_ngram..min_ngram)",
+        build=_build,
+        validate=_validate,
+        describe=lambda spec: f"prompt_lookup (ngram {spec.max_ngram}..{spec.min_ngram})",
+    )
+)

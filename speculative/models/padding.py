@@ -2,14 +2,16 @@
 
 Released checkpoints often pad their embedding table past the tokenizer (Qwen2.5: 151,936 rows over
 151,665 tokens). `model_loading.fit_vocabulary` wraps target and draft alike so that p and q both
-give the padding ids probability 0; a draft built from the target (`drafts.layer_skip`) wraps its
-shallow model the same way. Kept apart from `model_loading` so that drafts can use it without
-importing the loaders.
+give the padding ids probability 0. Everything that changes a fitted model (a draft built from the
+target, `drafts.layer_skip`; a shortlist head, `model_loading.with_shortlist`) goes through `split`:
+the bare model to work on, and the function that masks a replacement alike. Kept apart from
+`model_loading` so that drafts can use it without importing the loaders.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,3 +50,15 @@ class PaddingMasked:
         logits = logits[..., : self.width]
         ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
         return jnp.where(ids < self.used, logits, -jnp.inf), state
+
+
+def split(model: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """(the model inside any padding mask, a function that masks another model the same way).
+
+    For an unmasked model: (model, the identity). The one place a mask is taken off and put back,
+    so a model derived from a fitted one (a shallower or shortlisted copy) never proposes the
+    padding ids either.
+    """
+    if not isinstance(model, PaddingMasked):
+        return model, lambda replacement: replacement
+    return model.model, lambda replacement: dataclasses.replace(model, model=replacement)
