@@ -1,0 +1,128 @@
+"""Draft kinds (`speculative.drafts.registry`): a kind registered from outside the package is a
+DraftSpec kind like the built-in ones, end to end in the infer job; an unknown kind is one line
+listing the known kinds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from speculative import infer, model_loading
+from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.drafts import registry
+from speculative.errors import JobError
+from speculative.sampling import SamplingConfig
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUILT_IN = ("prompt_lookup", "unigram", "bigram", "layer_skip")
+FLAGS = [
+    *helpers.TINY_INFER,
+    *helpers.QUIET_INFER,
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
+    "--gin.BATCH_SIZE=2",
+    "--gin.GAMMA=3",
+]
+PROMPTS = ["abcabcabc", "Hi", "x = 1; x = 1; x", "Hello, Hello,"]
+A = 100  # "a" in the byte vocabulary (byte 97 + 3 special ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedTokenDrafter(StatelessDrafter):
+    """Proposes `token` at every position (q one-hot on it): a valid, if poor, draft."""
+
+    vocab_size: int
+    token: int
+
+    def propose(
+        self,
+        params: tuple,
+        state: tuple,
+        context: DraftContext,
+        rng: jax.Array,
+        gamma: int,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, tuple]:
+        del params, rng, sampling
+        tokens = jnp.full((context.last.shape[0], gamma), self.token, jnp.int32)
+        return tokens, one_hot_logits(tokens, self.vocab_size), state
+
+
+def _build(spec, target_model, target_params, role):
+    del spec, target_params, role
+    return FixedTokenDrafter(target_model.vocab_size, A), ()
+
+
+FIXED = registry.DraftKind(
+    name="fixed_token",
+    description="always proposes the token 'a' (a test's own kind)",
+    build=_build,
+    describe=lambda spec: "fixed_token (always 'a')",
+)
+
+
+@pytest.fixture
+def fixed_kind():
+    registry.register(FIXED)
+    yield FIXED
+    registry.unregister(FIXED.name)
+
+
+@pytest.fixture(autouse=True)
+def _cwd_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _infer(tmp_path: pathlib.Path, name: str, *extra: str) -> tuple[list[dict], dict]:
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS)
+    out = tmp_path / name
+    infer.main(FLAGS + [f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'", *extra])
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def _draft_spec(kind: str) -> list[str]:
+    # configs/drafts/prompt_lookup.gin binds the DraftSpec into the job; the kind is replaced.
+    return [
+        "--gin_file=configs/drafts/prompt_lookup.gin",
+        f"--gin.speculative.DraftSpec.kind='{kind}'",
+    ]
+
+
+def test_built_in_kinds_are_registered_in_order():
+    assert registry.names() == BUILT_IN
+    assert all(registry.get(name).description for name in BUILT_IN)
+    assert all(f"  {name} " in registry.help_text() for name in BUILT_IN)
+    assert model_loading.DraftSpec is registry.DraftSpec
+
+
+def test_register_refuses_a_second_kind_of_the_same_name(fixed_kind):
+    registry.register(fixed_kind)  # the same kind again: a no-op
+    assert registry.names() == (*BUILT_IN, "fixed_token")
+    with pytest.raises(ValueError, match="'fixed_token' is registered already"):
+        registry.register(dataclasses.replace(fixed_kind, description="another"))
+
+
+def test_a_kind_registered_outside_the_package_runs_in_the_infer_job(tmp_path, fixed_kind):
+    spec = registry.DraftSpec(kind="fixed_token")
+    model_loading.validate_model_spec(spec, "draft")
+    assert model_loading.describe(spec) == "fixed_token (always 'a')"
+    plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
+    rows, summary = _infer(tmp_path, "fixed", *_draft_spec("fixed_token"))
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
+    assert all(r["exact"] is True for r in rows)
+    assert "fixed_token (always 'a')" in summary["draft"]
+
+
+def test_an_unknown_kind_is_one_line_listing_the_known_kinds(tmp_path):
+    with pytest.raises(JobError, match="^draft: unknown DraftSpec.kind 'nope'; known: ") as e:
+        _infer(tmp_path, "nope", *_draft_spec("nope"))
+    assert "\n" not in str(e.value)
+    assert all(repr(name) in str(e.value) for name in BUILT_IN)
+    with pytest.raises(JobError, match="^target: unknown DraftSpec.kind 3; known: "):
+        registry.validate(registry.DraftSpec(kind=3), "target")
