@@ -14,11 +14,10 @@ the call turns compute-bound. The planner therefore scores every γ with the mea
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from speculative import decoding, metrics
 from speculative.decoding.drafter import Drafter
@@ -90,7 +89,7 @@ def plan(
     candidates = {}
     for n in sorted(verify_s):
         if n >= 2:
-            gamma = n - 1
+            gamma = timing.verify_gamma(n)
             tau = metrics.expected_tokens_per_call(alpha, gamma)
             # A call on n tokens does at least one step's work; a faster reading is timing noise
             # (seen on tiny models), and would let a draft with alpha ~ 0 "beat" plain decoding.
@@ -112,12 +111,6 @@ def plan(
     )
 
 
-def pooled_alpha(stats: Any) -> float:
-    """α pooled over every verified draft position of a decode's `DecodeStats` (0 when none)."""
-    verified = float(np.sum(np.asarray(stats.verified)))
-    return float(np.sum(np.asarray(stats.beta_sum))) / max(verified, 1.0)
-
-
 def measure_costs(
     target: Any,
     target_params: Any,
@@ -134,7 +127,7 @@ def measure_costs(
     cache_len = max(deepest.cache_length(m, batch) for m in models)
     return timing.measure_c(
         target, target_params, draft, draft_params, batch, cache_len,
-        verify_lengths=[g + 1 for g in gammas], draft_config=deepest,
+        verify_lengths=[timing.verify_tokens(g) for g in gammas], draft_config=deepest,
     )  # fmt: skip
 
 
@@ -143,6 +136,11 @@ def plan_from_costs(alpha: float, costs: Mapping[str, Any], min_speedup: float =
     return plan(
         alpha, costs["target_step_s"], costs["draft_step_s"], costs["target_extend_s"], min_speedup
     )
+
+
+def warmup_config(config: decoding.DecodeConfig, warmup_gamma: int) -> decoding.DecodeConfig:
+    """The warm-up decode's config (alpha is measured on it): `config` at warmup_gamma."""
+    return dataclasses.replace(config, gamma=warmup_gamma)
 
 
 def measure_and_plan(
@@ -156,11 +154,24 @@ def measure_and_plan(
     warmup_gamma: int = 4,
     rng: jax.Array | None = None,
     min_speedup: float = 1.0,
+    decode: Callable[[decoding.DecodeConfig], decoding.DecodeOutput] | None = None,
 ) -> Plan:
     """Measures α on `batch` (a warm-up batch decoded at warmup_gamma) and the step and verify
-    costs at its batch size, then `plan`s. draft: a LanguageModel or a `Drafter`."""
-    warmup = dataclasses.replace(config, gamma=warmup_gamma)
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    out = decoding.speculative_loop(target, target_params, draft, draft_params, batch, rng, warmup)
+    costs at its batch size, then `plan`s. draft: a LanguageModel or a `Drafter`.
+
+    decode: how the warm-up decode runs, given its config (default: `decoding.speculative_loop` on
+    `batch` with `rng`); a job passes its own (compiled apart, its real rows only). α is pooled by
+    `metrics.summarize` over the rows it returns."""
+    warmup = warmup_config(config, warmup_gamma)
+    if decode is None:
+        rng = jax.random.PRNGKey(0) if rng is None else rng
+
+        def decode(c: decoding.DecodeConfig) -> decoding.DecodeOutput:
+            return decoding.speculative_loop(
+                target, target_params, draft, draft_params, batch, rng, c
+            )
+
+    out = decode(warmup)
     costs = measure_costs(target, target_params, draft, draft_params, batch, config, gammas)
-    return plan_from_costs(pooled_alpha(out.stats), costs, min_speedup)
+    alpha = metrics.summarize(out.stats, out.lengths)["alpha"]
+    return plan_from_costs(alpha, costs, min_speedup)

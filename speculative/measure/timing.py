@@ -167,6 +167,44 @@ def sampling_round_time(
     return median
 
 
+def verify_tokens(gamma: int) -> int:
+    """Tokens the target scores in one verify call of a gamma-token round (`DecodeConfig.block`):
+    the costs' "target_extend_s" are keyed by these."""
+    return gamma + 1
+
+
+def verify_gamma(tokens: int) -> int:
+    """The gamma whose verify call scores `tokens` tokens (the inverse of `verify_tokens`)."""
+    return tokens - 1
+
+
+def target_costs(
+    target: Any, params: Any, batch: dict, cache_len: int, verify_lengths: Sequence[int] = ()
+) -> dict[str, Any]:
+    """The target's side of the costs on `batch`: {"target_step_s": one single-token step}, and
+    with verify_lengths {"target_extend_s": {length: seconds of an extend by that many tokens}}
+    (`verify_tokens(gamma)` is one verify call). Timed once per batch size, whatever the drafts."""
+    result: dict[str, Any] = {"target_step_s": decode_step_time(target, params, batch, cache_len)}
+    if verify_lengths:
+        result["target_extend_s"] = {
+            n: decode_step_time(target, params, batch, cache_len, length=n) for n in verify_lengths
+        }
+    return result
+
+
+def draft_step_time(
+    draft: Any, params: Any, batch: dict, cache_len: int, draft_config: Any = None
+) -> float:
+    """Seconds of one draft step on `batch`: a draft model's single-token step, or for a `Drafter`
+    that is not a model (n-gram, prompt lookup, layer skip) its `propose` per proposed token for
+    draft_config.gamma tokens (`draft_propose_time`)."""
+    from speculative.decoding.drafter import Drafter
+
+    if isinstance(draft, Drafter):
+        return draft_propose_time(draft, params, batch, cache_len, draft_config)
+    return decode_step_time(draft, params, batch, cache_len)
+
+
 def measure_c(
     target: Any,
     target_params: Any,
@@ -177,29 +215,11 @@ def measure_c(
     verify_lengths: Sequence[int] = (),
     draft_config: Any = None,
 ) -> dict[str, Any]:
-    """Seconds of one single-token step of each model on `batch`, and c = draft / target.
-
-    A draft that is a `Drafter` rather than a model (n-gram, prompt lookup, layer skip) is timed
-    per proposed token of its `propose` for draft_config.gamma tokens (`draft_propose_time`).
-    With verify_lengths, also the target's `extend` by each of those lengths (gamma + 1 tokens is
-    one verify call): {"target_extend_s": {length: seconds}}. Thm 3.8 assumes these cost one step.
-    """
-    from speculative.decoding.drafter import Drafter
-
-    t_target = decode_step_time(target, target_params, batch, cache_len)
-    if isinstance(draft, Drafter):
-        t_draft = draft_propose_time(draft, draft_params, batch, cache_len, draft_config)
-    else:  # a draft model: its single-step time, as before drafts were plug-ins
-        t_draft = decode_step_time(draft, draft_params, batch, cache_len)
-    result: dict[str, Any] = {
-        "target_step_s": t_target,
-        "draft_step_s": t_draft,
-        "c": t_draft / t_target,
-    }
-    if verify_lengths:
-        result["target_extend_s"] = {
-            n: decode_step_time(target, target_params, batch, cache_len, length=n)
-            for n in verify_lengths
-        }
-
-    return result
+    """Seconds of one single-token step of each model on `batch`, and c = draft / target
+    (`target_costs` and `draft_step_time` together). With verify_lengths, also the target's
+    `extend` by each of those lengths: {"target_extend_s": {length: seconds}}. Thm 3.8 assumes
+    these cost one step."""
+    target_side = target_costs(target, target_params, batch, cache_len, verify_lengths)
+    t_draft = draft_step_time(draft, draft_params, batch, cache_len, draft_config)
+    step = target_side.pop("target_step_s")
+    return {"target_step_s": step, "draft_step_s": t_draft, "c": t_draft / step, **target_side}

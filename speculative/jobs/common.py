@@ -1,0 +1,110 @@
+"""What the infer and benchmark jobs do alike: load the target and draft(s) (vocabulary checked
+and fitted, drafts that are not models built, shortlist heads), turn NaN logits into a one-line
+JobError, and hold OUTPUT_DIR's lock with the compilation cache on while a job runs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from speculative import job_spmd, vocab
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.job_io import lock_output_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModels:
+    """The fitted target and drafts (in the order their specs were given) and the padding ids
+    masked out of every model ({} when none, see `model_loading.fit_vocabulary`)."""
+
+    target: ml.Loaded
+    drafts: tuple[ml.Loaded, ...]
+    vocab_padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def is_separate_model(spec: Any) -> bool:
+    """Whether a draft spec names a model of its own (a ModelSpec, loaded like the target), not a
+    DraftSpec (a drafter built from the fitted target: n-gram, prompt lookup, layer skip)."""
+    return not isinstance(spec, ml.DraftSpec)
+
+
+def model_of(loaded: ml.Loaded) -> Any:
+    """A loaded draft's model, or None for a `Drafter` (no prefill, weights or cache of its own)."""
+    return loaded.model if loaded.is_model else None
+
+
+def load_models(
+    target: ml.ModelSpec,
+    drafts: Sequence[tuple[str, Any]],
+    vocabulary: vocab.Vocabulary,
+    vocabulary_spec: ml.VocabSpec,
+    draft_vocabulary: ml.VocabSpec | None,
+    partitioner: Any = None,
+) -> LoadedModels:
+    """The target and drafts ((role, spec) pairs), checked against the vocabulary, padding ids
+    masked out; on their shards with a partitioner. A DraftSpec's drafter is built for the fitted
+    target's width."""
+    mesh = {} if partitioner is None else {"partitioner": partitioner}
+    loaded = {"target": (ml.load_model(target, "target", **mesh), ml.where(target))}
+    for role, spec in drafts:
+        if is_separate_model(spec):
+            loaded[role] = (ml.load_model(spec, role, **mesh), ml.where(spec))
+    if drafts:
+        ml.check_draft_vocabulary(draft_vocabulary, vocabulary)
+    fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(vocabulary_spec), loaded)
+    for role, spec in drafts:
+        if not is_separate_model(spec):
+            fitted[role] = ml.build_draft(spec, fitted["target"], role)
+    return LoadedModels(fitted["target"], tuple(fitted[role] for role, _ in drafts), padding)
+
+
+def with_shortlists(
+    models: LoadedModels,
+    drafts: Sequence[tuple[str, Any]],
+    vocabulary: vocab.Vocabulary,
+    prompts: Sequence[Sequence[int]],
+) -> LoadedModels:
+    """Each draft with the shortlist head its spec asks for, fitted to every prompt of the job."""
+    shortlisted = tuple(
+        ml.with_shortlist(loaded, spec, vocabulary, prompts, role)
+        for loaded, (role, spec) in zip(models.drafts, drafts)
+    )
+    return dataclasses.replace(models, drafts=shortlisted)
+
+
+def param_dtype(loaded: ml.Loaded) -> Any:
+    return jax.tree.leaves(loaded.params)[0].dtype
+
+
+def nan_role(error: BaseException) -> str:
+    """Whose logits were NaN ("target" or "draft"; `decoding.NaNLogitsError` says)."""
+    return "draft" if getattr(error, "role", "target") == "draft" else "target"
+
+
+def nan_error(error: BaseException, where: str, remedy: str, paths: Mapping[str, str]) -> JobError:
+    """The one-line JobError for NaN logits `where` ("while decoding input(s) 3, 4"); paths: what
+    to name for the target's and the draft's role."""
+    role = nan_role(error)
+    return JobError(
+        f"NaN logits {where}: corrupt weights, or a dtype too narrow for the model ({remedy})",
+        role=role,
+        path=paths[role],
+    )
+
+
+@contextlib.contextmanager
+def locked_output_dir(
+    output_dir: str, cache_setting: str | None, lock: bool = True
+) -> Iterator[job_spmd.CacheStats]:
+    """OUTPUT_DIR's lock (when `lock`: the writer's) and JAX's compilation cache
+    (COMPILATION_CACHE_DIR, 'auto' beside OUTPUT_DIR) while the block runs; yields the cache's
+    stats."""
+    cache_dir = job_spmd.cache_dir(cache_setting, output_dir)
+    held = lock_output_dir(output_dir) if lock else contextlib.nullcontext()
+    with held, job_spmd.compilation_cache(cache_dir) as cache:
+        yield cache

@@ -1,0 +1,194 @@
+"""The infer job's decoding: its models (loaded by `jobs.common`), the pending batches decoded and
+appended to the output a batch at a time, c timed after them, and the memory report."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from speculative import decoding, distributed, inputs, job_spmd, vocab
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.inputs import Example
+from speculative.job_io import ResultStore
+from speculative.jobs import common
+from speculative.jobs.infer.batches import job_batches
+from speculative.jobs.infer.rows import RunStats, output_rows, pool_rows
+from speculative.jobs.infer.settings import Settings
+from speculative.measure import memory, runner, timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """What the job decodes with; draft is None for plain decoding."""
+
+    target: ml.Loaded
+    draft: ml.Loaded | None
+    vocab_padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.target.model.is_encoder_decoder
+
+    def decoder(self, config: decoding.DecodeConfig, partitioner: Any = None) -> runner.Decoder:
+        target = (self.target.model, self.target.params, config)
+        if self.draft is None:
+            return runner.Decoder(*target, partitioner=partitioner)
+        return runner.Decoder(*target, self.draft.model, self.draft.params, partitioner)
+
+    def plain(self) -> Models:
+        return dataclasses.replace(self, draft=None)
+
+
+def _drafts(s: Settings) -> list[tuple[str, Any]]:
+    return [("draft", s.speculation.draft)] if s.speculative else []
+
+
+def load_models(s: Settings, vocabulary: vocab.Vocabulary, ids: Sequence[Sequence[int]]) -> Models:
+    """The target (and draft), checked against the vocabulary, padding ids masked out, the draft's
+    shortlist head fitted to every prompt of the job; on their shards with a partitioner."""
+    drafts = _drafts(s)
+    draft_vocabulary = s.speculation.draft_vocabulary if s.speculative else None
+    loaded = common.load_models(
+        s.models.target, drafts, vocabulary, s.models.vocabulary, draft_vocabulary,
+        s.models.partitioner,
+    )  # fmt: skip
+    loaded = common.with_shortlists(loaded, drafts, vocabulary, ids)
+    draft = loaded.drafts[0] if loaded.drafts else None
+    return Models(loaded.target, draft, loaded.vocab_padding)
+
+
+def context_models(models: Models) -> list[Any]:
+    """The models whose context a prompt must fit: the target's and a draft model's."""
+    return [models.target.model] + ([models.draft.model] if models.draft is not None else [])
+
+
+def nan_error(
+    s: Settings, examples: Sequence[Example], error: FloatingPointError, members: Sequence[int]
+) -> JobError:
+    """NaN logits of the target or the draft while decoding the batch of `members`."""
+    indices = ", ".join(str(examples[i].index) for i in members)
+    draft = s.speculation.draft if s.speculative else None
+    paths = {"target": ml.where(s.models.target), "draft": _where(draft)}
+    return common.nan_error(
+        error, f"while decoding input(s) {indices}", "try DTYPE = 'float32'", paths
+    )
+
+
+def _where(spec: Any) -> str:
+    return ml.where(spec) if isinstance(spec, ml.ModelSpec) else ml.describe(spec)
+
+
+def decode_pending(
+    s: Settings,
+    examples: Sequence[Example],
+    encoded: Sequence[inputs.Encoded],
+    todo: Sequence[int],
+    decoder: runner.Decoder,
+    vocabulary: vocab.Vocabulary,
+    store: ResultStore,
+) -> RunStats:
+    """Decodes the pending batches, appending each batch's rows to the store as it finishes."""
+    ids = [e.ids for e in encoded]
+    stats, writer = RunStats(), job_spmd.is_writer()
+    progress = Progress(s, len(examples), store, writer)
+    # Built lazily, one batch ahead of the decoding: tee keeps the batch beside its result.
+    pending, to_run = itertools.tee(job_batches(s, ids, todo, decoder))
+    runs = runner.run_batches({"decode": decoder}, ((b.batch, b.rng) for b in to_run))
+    for job_batch in pending:
+        try:
+            result = next(runs)
+        except FloatingPointError as e:
+            raise nan_error(s, examples, e, job_batch.members) from e
+        out = result.outputs["decode"]
+        stats.decode_s += result.seconds["decode"]
+        stats.compile_batches += "decode" in result.compile_s
+        stats.compile_s += result.compile_s.get("decode", 0.0)
+        if s.models.partitioner is not None:  # every host takes part; host 0 gets the rows
+            out = distributed.gather_to_host0(out)
+        if not writer:  # host 0 writes the rows
+            continue
+        members = job_batch.members
+        rows = output_rows(
+            [examples[i] for i in members],
+            out,
+            vocabulary,
+            s.speculative,
+            [encoded[i] for i in members],
+        )
+        rows = [r for r in rows if r["index"] not in store.done]  # a torn batch's survivors stay
+        store.append(rows)
+        stats.decoded_examples += len(rows)
+        stats.decoded_tokens += sum(r["length"] for r in rows)
+        progress.update(rows, stats)
+    progress.close()
+    return stats
+
+
+class Progress:
+    """The progress bar (the writer's, with PROGRESS): tokens/s and the running pooled alpha."""
+
+    def __init__(self, s: Settings, total: int, store: ResultStore, writer: bool):
+        self.speculative = s.speculative
+        spec_rows = [r for r in store.rows() if "alpha" in r]
+        self.pooled = pool_rows(spec_rows) if spec_rows else None
+        self.bar = tqdm(
+            total=total,
+            initial=len(store.done),
+            unit="ex",
+            disable=not (s.run.progress and writer),
+            file=sys.stderr,
+        )
+
+    def update(self, rows: Sequence[Mapping[str, Any]], stats: RunStats) -> None:
+        postfix = {"tok/s": f"{stats.tokens_per_s:.1f}" if stats.decode_s else "compiling"}
+        if self.speculative and rows:
+            self.pooled = pool_rows(([self.pooled] if self.pooled else []) + list(rows))
+            postfix["alpha"] = f"{self.pooled['alpha']:.3f}"
+        self.bar.set_postfix(postfix)
+        self.bar.update(len(rows))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def measure_cost(
+    s: Settings, models: Models, config: decoding.DecodeConfig, ids: Sequence[int]
+) -> dict[str, Any]:
+    """c (draft step / target step) on a batch of the first input, and Thm 3.8's estimates."""
+    width = inputs.bucket(len(ids), s.inputs.input_length)
+    probe = inputs.make_batch([ids] * s.run.batch_size, models.encoder_decoder, width)
+    target, draft = models.target, models.draft
+    cache_len = config.cache_length(target.model, probe)
+    return timing.measure_c(
+        target.model,
+        target.params,
+        draft.model,
+        draft.params,
+        probe,
+        cache_len,
+        draft_config=config,
+    )
+
+
+def memory_report(
+    s: Settings, models: Models, ids: Sequence[Sequence[int]], gamma: int | None
+) -> str:
+    """`memory.job_report` for the job at `gamma` (None: plain decoding)."""
+    draft = common.model_of(models.draft) if models.draft is not None else None
+    partitioner = s.models.partitioner
+    return memory.job_report(
+        models.target.model,
+        draft,
+        batch_size=s.run.batch_size,
+        input_len=max(len(x) for x in ids),
+        max_decode_len=s.inputs.max_decode_len,
+        gamma=gamma or 0,
+        param_dtype=common.param_dtype(models.target),
+        mesh_shape=None if partitioner is None else partitioner.mesh_shape,
+    )

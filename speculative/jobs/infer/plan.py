@@ -1,0 +1,84 @@
+"""GAMMA = 'auto': the planner's choice (`measure.planner.measure_and_plan` on the job's batch 0),
+made once per output directory and kept in plan.json for a resumed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from speculative import decoding
+from speculative.errors import JobError
+from speculative.jobs.infer.batches import JobBatch, job_batches
+from speculative.jobs.infer.settings import Settings
+from speculative.measure import planner, runner
+
+PLAN = "plan.json"
+
+
+def load_plan(out_dir: pathlib.Path, job: Mapping[str, Any]) -> planner.Plan | None:
+    """The plan an earlier run of this same job made (None if none, or another job's)."""
+    path = out_dir / PLAN
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("fingerprint") != json.loads(json.dumps(job)):  # a job that took the dir over
+        return None
+    return planner.Plan.from_json(record["plan"])
+
+
+def save_plan(out_dir: pathlib.Path, job: Mapping[str, Any], plan: planner.Plan) -> None:
+    """Written (atomically) before any row, so every row of the job uses the same choice."""
+    tmp = out_dir / f"{PLAN}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"fingerprint": job, "plan": plan.to_json()}, indent=2))
+    os.replace(tmp, out_dir / PLAN)
+
+
+def plan_gamma(
+    s: Settings,
+    decoder_for: Callable[[decoding.DecodeConfig], runner.Decoder],
+    config: decoding.DecodeConfig,
+    ids: Sequence[Sequence[int]],
+    nan_error: Callable[[FloatingPointError, Sequence[int]], JobError],
+) -> planner.Plan:
+    """`planner.measure_and_plan` with alpha from batch 0 decoded at planner_warmup_gamma (its rows
+    are not kept: batch 0 is decoded again with the choice) and the costs timed on that batch.
+
+    decoder_for: the job's decoder for a DecodeConfig; config: the job's, gamma unset."""
+    planning = s.speculation.planning
+    warmup = planner.warmup_config(config, planning.warmup_gamma)
+    decoder = decoder_for(warmup)
+    first = next(job_batches(s, ids, [0], decoder))
+
+    def decode(_: decoding.DecodeConfig) -> decoding.DecodeOutput:
+        return _decode_rows(decoder, first, nan_error)
+
+    return planner.measure_and_plan(
+        decoder.target, decoder.target_params, decoder.draft, decoder.draft_params, first.batch,
+        config, planning.gammas, planning.warmup_gamma, decode=decode,
+    )  # fmt: skip
+
+
+def _decode_rows(
+    decoder: runner.Decoder,
+    first: JobBatch,
+    nan_error: Callable[[FloatingPointError, Sequence[int]], JobError],
+) -> decoding.DecodeOutput:
+    """The warm-up decode of batch 0, its real rows only (a short batch 0 repeats its last row)."""
+    try:
+        result = next(runner.run_batches({"warmup": decoder}, [(first.batch, first.rng)]))
+    except FloatingPointError as e:
+        raise nan_error(e, first.members) from e
+    rows = len(first.members)
+    return jax.tree.map(lambda x: np.asarray(x)[:rows], result.outputs["warmup"])
+
+
+def plan_costs(plan: planner.Plan) -> dict[str, Any]:
+    """The step costs the plan measured, as `measure_cost` reports them (not timed twice)."""
+    fields = plan.to_json()
+    return {k: fields[k] for k in ("target_step_s", "draft_step_s", "c")}

@@ -1,0 +1,186 @@
+"""The infer job's order of work: validate and resolve the settings, read and encode the inputs,
+then under OUTPUT_DIR's lock decode what is pending (planning gamma first with GAMMA = 'auto') and
+write summary.json and config.gin."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+import jax
+
+from speculative import distributed, inputs, job_spmd, vocab
+from speculative import model_loading as ml
+from speculative.inputs import Example
+from speculative.job_config import InferConfig
+from speculative.job_io import ResultStore
+from speculative.jobs import common
+from speculative.jobs.infer import batches, decode, plan, rows, settings
+from speculative.jobs.infer.settings import Settings
+from speculative.measure import planner
+
+
+def run(cfg: InferConfig) -> dict[str, Any]:
+    """Runs (or resumes) the job; returns the summary also written to OUTPUT_DIR/summary.json.
+
+    Weights are loaded only when there is something to decode or measure.
+    """
+    settings.validate(cfg)
+    job_spmd.start_distributed(cfg.multi_host)
+    s = settings.resolve(cfg, job_spmd.make_partitioner(cfg.partitioner))
+    job_spmd.check_batch(s.models.partitioner, s.run.batch_size, "BATCH_SIZE")
+    examples = batches.load_examples(s.inputs)
+    vocabulary = ml.load_vocabulary(s.models.vocabulary, "vocabulary")
+    encoder_decoder = ml.is_encoder_decoder(s.models.target)
+    # strict inputs: refused before any write
+    encoded = batches.encode_inputs(s.inputs, examples, vocabulary, encoder_decoder)
+    writer = job_spmd.is_writer()
+    with common.locked_output_dir(
+        s.run.output_dir, s.run.compilation_cache_dir, lock=writer
+    ) as cache:
+        return run_locked(s, examples, vocabulary, encoded, cache)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What decoding left for the summary: the settings that decoded (a plan applied), the plan
+    (GAMMA = 'auto'; None otherwise or when no weights were needed), whether it was reused, this
+    run's stats, the measured costs and the vocabulary padding."""
+
+    decoded: Settings
+    plan: planner.Plan | None
+    reused: bool
+    stats: rows.RunStats = dataclasses.field(default_factory=rows.RunStats)
+    costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    padding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def run_locked(
+    s: Settings,
+    examples: Sequence[Example],
+    vocabulary: vocab.Vocabulary,
+    encoded: Sequence[inputs.Encoded],
+    cache: job_spmd.CacheStats | None = None,
+) -> dict[str, Any]:
+    """`run`'s work while it holds OUTPUT_DIR's lock: decode what is pending, then summarise.
+
+    Only the writer (process 0) reads and writes OUTPUT_DIR; the other hosts decode the batches
+    it finds pending and return {"process_index": i, "this_run": ...}.
+    """
+    job = settings.fingerprint(s, examples)
+    if job_spmd.is_writer():
+        store = ResultStore(s.run.output_dir, job)
+    else:
+        store = job_spmd.NullStore(s.run.output_dir)
+    size = s.run.batch_size
+    todo = batches.pending_batches(len(examples), size, store.done)
+    todo = job_spmd.agree_on_pending(todo, math.ceil(len(examples) / size))
+    print(
+        f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
+        f"batches of {size} to decode"
+    )
+    # GAMMA = 'auto': an earlier run's choice is reused (never re-planned), else planned below.
+    reuse = plan.load_plan(store.dir, job) if s.planned else None
+    outcome = Outcome(s.with_plan(reuse) if reuse else s, reuse, reuse is not None)
+    # c is timed on one host's devices; on several hosts it is left out.
+    decoded = outcome.decoded
+    timed = decoded.speculative and not decoded.planned and s.run.measure_c
+    timed = timed and jax.process_count() == 1
+    if todo or timed:
+        outcome = decode_job(s, outcome, examples, vocabulary, encoded, todo, store, job, timed)
+    if not job_spmd.is_writer():
+        return {"process_index": jax.process_index(), "this_run": outcome.stats.to_json()}
+    return write_summary(s, outcome, store, cache)
+
+
+def decode_job(
+    s: Settings,
+    outcome: Outcome,
+    examples: Sequence[Example],
+    vocabulary: vocab.Vocabulary,
+    encoded: Sequence[inputs.Encoded],
+    todo: Sequence[int],
+    store: ResultStore,
+    job: Mapping[str, Any],
+    timed: bool,
+) -> Outcome:
+    """Loads the models, plans gamma if it must, decodes the pending batches and times c."""
+    ids = [e.ids for e in encoded]
+    models = decode.load_models(s, vocabulary, ids)
+    batches.check_context(decode.context_models(models), ids, s.inputs.max_decode_len)
+    outcome = dataclasses.replace(outcome, padding=models.vocab_padding)
+    if outcome.decoded.planned:
+        print(decode.memory_report(s, models, ids, max(s.speculation.planning.gammas)))
+        chosen = plan_gamma(s, models, examples, vocabulary, ids)
+        plan.save_plan(store.dir, job, chosen)
+        outcome = dataclasses.replace(
+            outcome, decoded=s.with_plan(chosen), plan=chosen, costs=plan.plan_costs(chosen)
+        )
+        timed = False
+    else:
+        print(decode.memory_report(s, models, ids, outcome.decoded.gamma))
+    if outcome.plan is not None:
+        print(outcome.plan.describe() + (" (reused from plan.json)" if outcome.reused else ""))
+        if outcome.plan.gamma is None:
+            print("planner: decoding plainly, as SPECULATIVE = False would")
+    decoded = outcome.decoded
+    if not decoded.speculative:
+        models, outcome = models.plain(), dataclasses.replace(outcome, costs={})
+    config = decoded.decode_config(vocabulary)
+    decoder = models.decoder(config, s.models.partitioner)
+    stats = decode.decode_pending(decoded, examples, encoded, todo, decoder, vocabulary, store)
+    outcome = dataclasses.replace(outcome, stats=stats)
+    if timed:
+        outcome = dataclasses.replace(
+            outcome, costs=decode.measure_cost(decoded, models, config, ids[0])
+        )
+    return outcome
+
+
+def plan_gamma(
+    s: Settings,
+    models: decode.Models,
+    examples: Sequence[Example],
+    vocabulary: vocab.Vocabulary,
+    ids: Sequence[Sequence[int]],
+) -> planner.Plan:
+    """The planner's choice for this job, timed on its batch 0 (`jobs.infer.plan.plan_gamma`)."""
+    return plan.plan_gamma(
+        s,
+        functools.partial(models.decoder, partitioner=s.models.partitioner),
+        s.decode_config(vocabulary),
+        ids,
+        functools.partial(decode.nan_error, s, examples),
+    )
+
+
+def write_summary(
+    s: Settings, outcome: Outcome, store: ResultStore, cache: job_spmd.CacheStats | None
+) -> dict[str, Any]:
+    """summary.json and config.gin in OUTPUT_DIR, and the summary printed."""
+    summary = rows.job_summary(outcome.decoded, store.rows(), outcome.stats, outcome.costs)
+    if s.planned:
+        plan_json = None if outcome.plan is None else outcome.plan.to_json()
+        summary["planner"] = None if plan_json is None else {**plan_json, "reused": outcome.reused}
+    if outcome.padding:
+        summary["vocab_padding"] = outcome.padding
+    if s.models.partitioner is not None:
+        summary["partitioner"] = job_spmd.describe(s.models.partitioner)
+    if cache is not None and cache.dir:
+        summary["compilation_cache"] = cache.to_json()
+    (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (store.dir / "config.gin").write_text(gin.operative_config_str())
+    rows.print_summary(summary, store.dir)
+    return summary
+
+
+def make_config() -> InferConfig:
+    """InferConfig from gin, after `distributed.initialize` (gin: enabled = %DISTRIBUTED): a
+    PARTITIONER's mesh must see every host's devices."""
+    distributed.initialize()
+    return InferConfig()

@@ -1,0 +1,294 @@
+"""The infer job's settings: `validate` an InferConfig once, then `resolve` it into one frozen
+`Settings` (models / inputs / speculation / run, as T5X groups its configs) that everything
+downstream reads. Plain decoding is `speculation is None`; nothing asks `cfg.speculative` again."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gin
+
+from speculative import decoding, vocab
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.inputs import Example
+from speculative.job_config import InferConfig, check_lenience, check_num_examples
+from speculative.job_io import examples_digest
+from speculative.jobs import common
+from speculative.measure import planner
+from speculative.sampling import SamplingConfig
+
+
+def validate(cfg: InferConfig) -> None:
+    """Raises JobError for a config the job cannot run (before any weight or input is read)."""
+    for name in ("target", "vocabulary", "output_dir"):
+        if getattr(cfg, name) is gin.REQUIRED:
+            raise JobError(f"speculative.InferConfig.{name} is required")
+    ml.validate_model_spec(cfg.target, "target")
+    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+    if cfg.speculative:
+        if cfg.draft is None:
+            raise JobError(
+                "SPECULATIVE is on but no draft model is bound (speculative.InferConfig.draft)"
+            )
+        ml.validate_model_spec(cfg.draft, "draft")
+        if cfg.draft_vocabulary is not None:
+            ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
+    check_gamma(cfg)
+    check_lenience(cfg.lenience)
+    if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
+        raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
+    lengths = dict(cfg.feature_lengths)
+    if set(lengths) != {"inputs", "targets"} or min(lengths.values()) < 1:
+        raise JobError(
+            f"feature_lengths must be {{'inputs': n, 'targets': m}} (>= 1), got {lengths}"
+        )
+    if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
+        raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
+    check_num_examples(cfg.num_examples)
+    if cfg.multi_host and cfg.partitioner is None:
+        raise JobError(
+            "DISTRIBUTED (multi_host) needs a PARTITIONER mesh over every host's devices"
+        )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_gamma(cfg: InferConfig) -> None:
+    """Raises JobError unless GAMMA is an int >= 1 or 'auto' (with sane planner settings) and
+    GAMMA_POLICY is a GammaPolicy. 'auto' with SPECULATIVE = False is ignored: plain decoding
+    was asked for, so there is nothing to plan."""
+    if not (_is_count(cfg.gamma) or cfg.gamma == "auto"):
+        raise JobError(f"GAMMA must be an integer >= 1 or 'auto', got {cfg.gamma!r}")
+    if not isinstance(cfg.gamma_policy, decoding.GammaPolicy):
+        raise JobError(f"GAMMA_POLICY must be a @decoding.GammaPolicy(), got {cfg.gamma_policy!r}")
+    if cfg.gamma != "auto" or not cfg.speculative:
+        return
+    gammas = cfg.planner_gammas
+    if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
+        raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
+    if not _is_count(cfg.planner_warmup_gamma):
+        raise JobError(
+            f"planner_warmup_gamma must be an integer >= 1, got {cfg.planner_warmup_gamma!r}"
+        )
+    if cfg.multi_host:  # every host would have to time the models and agree on one choice
+        raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
+
+
+# ------------------------------------------------------------------------------------------------
+# The resolved settings.
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """What is loaded, and where: partitioner is the made Partitioner (None: one device)."""
+
+    target: ml.ModelSpec
+    vocabulary: ml.VocabSpec
+    partitioner: Any = None
+    multi_host: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Where the examples come from and how long they may be (feature_lengths: inputs, targets)."""
+
+    feature_lengths: Mapping[str, int]
+    input_file: str | None = None
+    input_field: str = "inputs"
+    target_field: str | None = "targets"
+    mixture_or_task_name: str | None = None
+    task_split: str = "validation"
+    task_setup: Callable[[], Any] | None = None
+    task_module: str | None = None
+    num_examples: int | None = None
+    strict_inputs: bool = False
+
+    @property
+    def input_length(self) -> int:
+        return self.feature_lengths["inputs"]
+
+    @property
+    def max_decode_len(self) -> int:
+        return self.feature_lengths["targets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planning:
+    """GAMMA = 'auto': the gammas the planner scores and the gamma of its warm-up decode."""
+
+    gammas: tuple[int, ...]
+    warmup_gamma: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"planner_gammas": list(self.gammas), "planner_warmup_gamma": self.warmup_gamma}
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """The draft and how it is used. gamma: an int, or 'auto' until the planner has chosen (then
+    `planning` is set). separate_model: the draft is a model of its own (a ModelSpec)."""
+
+    draft: Any
+    draft_vocabulary: ml.VocabSpec | None
+    gamma: int | str
+    gamma_policy: decoding.GammaPolicy
+    lenience: float
+    separate_model: bool
+    planning: Planning | None = None
+
+    @property
+    def planned(self) -> bool:
+        return self.gamma == "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """How the job runs: batches, rng, sampling, outputs and what it measures."""
+
+    output_dir: str
+    batch_size: int
+    seed: int
+    sampling: SamplingConfig
+    measure_c: bool
+    progress: bool
+    compilation_cache_dir: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The job's one resolved configuration; speculation is None for plain decoding."""
+
+    models: Models
+    inputs: Inputs
+    speculation: Speculation | None
+    run: Run
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculation is not None
+
+    @property
+    def planned(self) -> bool:
+        """Whether the job picks gamma itself (GAMMA = 'auto', speculative)."""
+        return self.speculation is not None and self.speculation.planned
+
+    @property
+    def gamma(self) -> int | str | None:
+        return None if self.speculation is None else self.speculation.gamma
+
+    @property
+    def lenience(self) -> float:
+        """The acceptance rule's l: 1 (exact) for plain decoding."""
+        return 1.0 if self.speculation is None else self.speculation.lenience
+
+    @property
+    def exact(self) -> bool:
+        return self.lenience == 1.0
+
+    def with_plan(self, plan: planner.Plan) -> Settings:
+        """The settings that decode: the planned gamma, or plain decoding (as SPECULATIVE = False)."""
+        if plan.gamma is None:
+            return dataclasses.replace(self, speculation=None)
+        return dataclasses.replace(
+            self, speculation=dataclasses.replace(self.speculation, gamma=plan.gamma)
+        )
+
+    def decode_config(self, vocabulary: vocab.Vocabulary) -> decoding.DecodeConfig:
+        """The DecodeConfig of these settings (gamma None while planned: the planner sets it)."""
+        gamma = self.gamma
+        return decoding.DecodeConfig(
+            max_decode_len=self.inputs.max_decode_len,
+            stop_ids=vocab.stop_ids(vocabulary),
+            sampling=self.run.sampling,
+            gamma=None if gamma == "auto" else gamma,
+            lenience=self.lenience,
+            gamma_policy=self.speculation.gamma_policy
+            if self.speculative
+            else decoding.GammaPolicy(),
+        )
+
+
+def _speculation(cfg: InferConfig) -> Speculation | None:
+    if not cfg.speculative:
+        return None
+    planning = None
+    if cfg.gamma == "auto":
+        planning = Planning(tuple(int(g) for g in cfg.planner_gammas), cfg.planner_warmup_gamma)
+    return Speculation(
+        draft=cfg.draft,
+        draft_vocabulary=cfg.draft_vocabulary,
+        gamma=cfg.gamma,
+        gamma_policy=cfg.gamma_policy,
+        lenience=float(cfg.lenience),
+        separate_model=common.is_separate_model(cfg.draft),
+        planning=planning,
+    )
+
+
+def resolve(cfg: InferConfig, partitioner: Any = None) -> Settings:
+    """The Settings of a validated InferConfig; partitioner: the mesh made from cfg.partitioner."""
+    inputs = Inputs(
+        feature_lengths=dict(cfg.feature_lengths),
+        input_file=cfg.input_file,
+        input_field=cfg.input_field,
+        target_field=cfg.target_field,
+        mixture_or_task_name=cfg.mixture_or_task_name,
+        task_split=cfg.task_split,
+        task_setup=cfg.task_setup,
+        task_module=cfg.task_module,
+        num_examples=cfg.num_examples,
+        strict_inputs=cfg.strict_inputs,
+    )
+    run = Run(
+        output_dir=cfg.output_dir,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        sampling=cfg.sampling,
+        measure_c=cfg.measure_c,
+        progress=cfg.progress,
+        compilation_cache_dir=cfg.compilation_cache_dir,
+    )
+    models = Models(cfg.target, cfg.vocabulary, partitioner, cfg.multi_host)
+    return Settings(models, inputs, _speculation(cfg), run)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the settings say in outputs.
+
+
+def describe(s: Settings) -> dict[str, Any]:
+    """The target, draft, speculative and gamma fields that summary.json and the fingerprint share."""
+    return {
+        "target": ml.describe(s.models.target),
+        "draft": ml.describe(s.speculation.draft) if s.speculative else None,
+        "speculative": s.speculative,
+        "gamma": s.gamma,
+    }
+
+
+def policy_fields(s: Settings) -> dict[str, Any] | None:
+    return dataclasses.asdict(s.speculation.gamma_policy) if s.speculative else None
+
+
+def fingerprint(s: Settings, examples: Sequence[Example]) -> dict[str, Any]:
+    """What determines every row's result: a restart must match it to resume."""
+    spec = s.speculation
+    return {
+        **describe(s),
+        # only when lossy, so exact runs resume in output dirs written before lenience existed
+        **({"lenience": spec.lenience} if not s.exact else {}),
+        # likewise only when adaptive or planned: older output dirs keep resuming
+        **({"gamma_policy": policy_fields(s)} if spec and spec.gamma_policy.adaptive else {}),
+        **(spec.planning.to_json() if s.planned else {}),
+        "sampling": dataclasses.asdict(s.run.sampling),
+        "batch_size": s.run.batch_size,
+        "feature_lengths": dict(s.inputs.feature_lengths),
+        "seed": s.run.seed,
+        "examples": len(examples),
+        "inputs_sha256": examples_digest(examples),
+    }
