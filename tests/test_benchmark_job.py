@@ -17,6 +17,8 @@ import pytest
 
 from speculative import benchmark, benchmark_report, metrics, partitioning
 from speculative import model_loading as ml
+from speculative.jobs.benchmark import settings as bench_settings
+from speculative.jobs.benchmark import setup as bench_setup
 from speculative.measure import memory
 from tests.helpers import tiny_decoder
 
@@ -161,7 +163,7 @@ def test_memory_check_uses_the_memory_model_beyond_the_loaded_weights(monkeypatc
         )
 
     assert need(4) == pytest.approx(4 * need(1), rel=0.01)  # everything scales with the batch
-    monkeypatch.setattr(benchmark, "available_bytes", lambda: int(need(4) / 0.8) + 1)
-    assert benchmark.memory_shortfall(setup, cfg, 4) is None
-    reason = benchmark.memory_shortfall(setup, cfg, 5)
+    monkeypatch.setattr(bench_setup, "available_bytes", lambda: int(need(4) / 0.8) + 1)
+    assert bench_setup.memory_shortfall(setup, bench_settings.resolve(cfg), 4) is None
+    reason = bench_setup.memory_shortfall(setup, bench_settings.resolve(cfg), 5)
     assert reason.startswith("estimated ") and "> 80% of available" in reason

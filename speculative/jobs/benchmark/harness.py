@@ -1,0 +1,164 @@
+"""The benchmark's timing harness: the programs of a cell (the prefills, plain decoding, every
+variant at each gamma), each timed on every batch with all programs on batch j before batch j + 1,
+and the step costs of a batch size (the target's once, each distinct draft's)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from speculative import decoding, inputs
+from speculative.jobs.benchmark.settings import Settings
+from speculative.jobs.benchmark.setup import Setup
+from speculative.measure import runner, timing
+from speculative.sampling import SamplingConfig
+
+
+@dataclasses.dataclass
+class Timed:
+    """One program over all batches: seconds (sum of per-batch medians), batch_seconds, compile_s;
+    tokens and outputs only for programs that return a DecodeOutput."""
+
+    seconds: float = 0.0
+    batch_seconds: list[float] = dataclasses.field(default_factory=list)
+    compile_s: float = 0.0
+    tokens: int = 0
+    outputs: list[decoding.DecodeOutput] = dataclasses.field(default_factory=list)
+
+    def add(self, output: Any, seconds: float, compile_s: float) -> None:
+        self.seconds += seconds
+        self.batch_seconds.append(seconds)
+        self.compile_s += compile_s
+        if isinstance(output, decoding.DecodeOutput):
+            self.tokens += int(np.sum(output.lengths))
+            self.outputs.append(output)
+
+
+def interleaved_timings(
+    programs: Mapping[Hashable, runner.Program],
+    batches: Sequence[dict[str, jax.Array]],
+    rngs: Sequence[jax.Array],
+    repeats: int,
+) -> dict[Hashable, Timed]:
+    """Times every program on every batch, all programs on batch j before batch j+1.
+
+    A program is compiled once per batch shape (prompt width), on first use, and warmed up once
+    (not timed); a batch's time is the median of `repeats` runs. Interleaving puts the plain
+    baseline and each gamma under the same machine conditions (a drift in load or clock affects
+    all of them alike).
+    """
+    timed = {name: Timed() for name in programs}
+    runs = runner.run_batches(programs, zip(batches, rngs), repeats=repeats, warmup=True)
+    for j, (batch, result) in enumerate(zip(batches, runs)):
+        for name in programs:
+            timed[name].add(
+                result.outputs[name], result.seconds[name], result.compile_s.get(name, 0.0)
+            )
+        shape = tuple(inputs.input_tokens(batch).shape)
+        seconds = ", ".join(f"{label(n)} {result.seconds[n]:.1f}s" for n in programs)
+        print(f"    batch {j + 1}/{len(batches)} {shape}: {seconds}", flush=True)
+    return timed
+
+
+def label(name: Hashable) -> str:
+    """A program's name in progress lines: "plain", "draft prefill", "gamma 3", "bigram gamma 2"."""
+    if isinstance(name, str):
+        return name
+    variant, gamma = name
+    return f"gamma {gamma}" if variant == "default" else f"{variant} gamma {gamma}"
+
+
+def cell_programs(
+    setup: Setup, s: Settings, sampling: SamplingConfig
+) -> dict[Hashable, runner.Program]:
+    """The prefills (the target's, each draft model's), plain decoding and every variant of the
+    cell at each of its gammas (keys (variant name, gamma))."""
+    target, drafts, partitioner = setup.target, setup.all_drafts(), s.models.partitioner
+    plain = decoding.DecodeConfig(s.inputs.max_decode_len, setup.stop_ids, sampling)
+    programs: dict[Hashable, runner.Program] = {
+        "target prefill": runner.Prefill(target.model, target.params, plain),
+        "plain": runner.Decoder(target.model, target.params, plain, partitioner=partitioner),
+    }
+    variants = s.sweep.at(sampling.temperature)
+    for i in sorted({s.sweep.draft_of[v.name] for v in variants}):
+        if drafts[i].is_model:
+            programs[prefill_key(i)] = runner.Prefill(drafts[i].model, drafts[i].params, plain)
+    for v in variants:
+        draft = drafts[s.sweep.draft_of[v.name]]
+        for gamma in v.gammas:
+            config = dataclasses.replace(
+                plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy
+            )
+            programs[(v.name, gamma)] = runner.Decoder(
+                target.model, target.params, config, draft.model, draft.params, partitioner
+            )
+    return programs
+
+
+def prefill_key(draft_index: int) -> str:
+    return "draft prefill" if draft_index == 0 else f"draft {draft_index + 1} prefill"
+
+
+def time_cell(
+    setup: Setup,
+    batches: Sequence[dict[str, jax.Array]],
+    s: Settings,
+    sampling: SamplingConfig,
+) -> dict[Hashable, Timed]:
+    """Every program of a cell (`cell_programs`) timed on every batch.
+
+    Each program is compiled once per prompt width (ahead of time, timed apart) and rerun on every
+    batch of that width; batch j uses the same rng for plain and speculative decoding. The
+    prefills are timed alone too, so that decode-only speedups can be reported beside end-to-end.
+    """
+    rngs = [jax.random.fold_in(jax.random.PRNGKey(s.run.seed), j) for j in range(len(batches))]
+    programs = cell_programs(setup, s, sampling)
+    timed = interleaved_timings(programs, batches, rngs, s.run.repeats)
+    compile_s = ", ".join(f"{label(n)} {t.compile_s:.1f}s" for n, t in timed.items())
+    print(f"  compile: {compile_s}", flush=True)
+    return timed
+
+
+def step_costs(setup: Setup, s: Settings, batch: dict[str, jax.Array]) -> dict[str, Any]:
+    """The costs of a batch size, measured once for all its cells: the target's step and its
+    verify calls at every gamma (timed once, whatever the drafts), and per distinct draft its step
+    and c ("draft_costs"); draft_step_s and c at the top are the first draft's."""
+    target, gammas = setup.target, s.sweep.gammas
+    cache_len = target.model.cache_length(
+        setup.width, s.inputs.max_decode_len, timing.verify_tokens(max(gammas))
+    )
+    draft_config = decoding.DecodeConfig(s.inputs.max_decode_len, setup.stop_ids, gamma=max(gammas))
+    verify = [timing.verify_tokens(g) for g in gammas]
+    target_side = timing.target_costs(target.model, target.params, batch, cache_len, verify)
+    step = target_side["target_step_s"]
+    draft_costs = []
+    for draft in setup.all_drafts():
+        t = timing.draft_step_time(draft.model, draft.params, batch, cache_len, draft_config)
+        draft_costs.append({"draft_step_s": t, "c": t / step})
+    if s.sweep.named:
+        print(
+            "draft costs: "
+            + ", ".join(
+                f"{d.description}: c {dc['c']:.3f}"
+                for d, dc in zip(setup.all_drafts(), draft_costs)
+            )
+        )
+    return {
+        "draft_costs": draft_costs,
+        "target_step_s": step,
+        **draft_costs[0],
+        "target_extend_s": target_side["target_extend_s"],
+    }
+
+
+def sampling_round_costs(
+    setup: Setup, s: Settings, batch: dict[str, jax.Array], sampling: SamplingConfig
+) -> dict[int, float]:
+    """Seconds of one round's sampling work outside the models, per gamma, at this batch size."""
+    rows = inputs.input_tokens(batch).shape[0]
+    vocab_size = setup.target.model.vocab_size
+    return {g: timing.sampling_round_time(rows, vocab_size, g, sampling) for g in s.sweep.gammas}

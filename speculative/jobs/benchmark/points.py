@@ -1,0 +1,147 @@
+"""The benchmark's points: one gamma of a variant in a cell against the cell's plain baseline
+(benchmark.json's "points"), made from the harness's timings and the batch size's costs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from speculative import metrics
+from speculative.job_config import Variant
+from speculative.jobs.benchmark.harness import Timed
+from speculative.measure import timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One gamma of a cell against the cell's plain baseline (benchmark.json's points).
+
+    *_s: seconds summed over the batches; *_batch_s: per batch (median of the repeats).
+    decode_speedup: both prefills subtracted (the draft's too), the decode loops alone, as Thm 3.8
+    models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
+    round_s: measured seconds per speculative round (decode time without the prefills / rounds,
+    a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
+    alone, gamma draft steps + one verify call + the round's sampling work.
+    greedy_identical_to_plain: None unless greedy and exact.
+    variant / draft / lenience / exact / gamma_policy: the speculative setting (`Variant`);
+    c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
+    generated token of these outputs (None unless BenchmarkConfig.score_outputs).
+    """
+
+    gamma: int
+    alpha: float
+    tau: float
+    acceptance_by_position: list[float]
+    plain_tokens: int
+    plain_s: float
+    plain_batch_s: list[float]
+    plain_tok_s: float
+    plain_compile_s: float
+    target_prefill_s: float
+    draft_prefill_s: float
+    speculative_tokens: int
+    speculative_s: float
+    speculative_batch_s: list[float]
+    speculative_tok_s: float
+    speculative_compile_s: float
+    speedup: float
+    decode_speedup: float
+    predicted_speedup: float
+    cost_model_speedup: float
+    round_s: float
+    round_parts_s: float
+    greedy_identical_to_plain: bool | None
+    variant: str = "default"
+    draft: str = ""
+    lenience: float = 1.0
+    exact: bool = True
+    gamma_policy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    c: float = float("nan")
+    draft_step_s: float = float("nan")
+    target_mean_logprob: float | None = None
+
+
+def pooled(timed: Timed) -> dict[str, Any]:
+    """`metrics.summarize` over every output of one program (a variant at one gamma)."""
+    outputs = timed.outputs
+    stats = metrics.concat_rows([o.stats for o in outputs])
+    lengths = np.concatenate([np.asarray(o.lengths) for o in outputs])
+    return metrics.summarize(stats, lengths)
+
+
+def greedy_identical(plain: Timed, spec: Timed, greedy: bool, variant: Variant) -> bool | None:
+    """Whether greedy speculative outputs equal the plain ones; None unless greedy and exact (a
+    lossy rule may change greedy tokens)."""
+    if not greedy or variant.lenience != 1.0:
+        return None
+    return all(
+        np.array_equal(np.asarray(p.tokens), np.asarray(s.tokens))
+        for p, s in zip(plain.outputs, spec.outputs)
+    )
+
+
+def make_point(
+    gamma: int,
+    plain: Timed,
+    spec: Timed,
+    prefill_s: tuple[float, float],
+    costs: Mapping[str, Any],
+    greedy: bool,
+    variant: Variant | None = None,
+    draft: str = "",
+    logprob: float | None = None,
+) -> Point:
+    """A gamma's point from its timings, the plain baseline's and the (target, draft) prefills'.
+
+    costs: the cell's, with c / draft_step_s of this variant's draft; variant None: "default"."""
+    variant = variant or Variant("default")
+    target_prefill_s, draft_prefill_s = prefill_s
+    summary = pooled(spec)
+    plain_tok_s, spec_tok_s = plain.tokens / plain.seconds, spec.tokens / spec.seconds
+    plain_decode_s = plain.seconds - target_prefill_s
+    spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
+    rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
+    return Point(
+        gamma=gamma,
+        alpha=summary["alpha"],
+        tau=summary["tau"],
+        acceptance_by_position=summary["acceptance_by_position"],
+        plain_tokens=plain.tokens,
+        plain_s=plain.seconds,
+        plain_batch_s=plain.batch_seconds,
+        plain_tok_s=plain_tok_s,
+        plain_compile_s=plain.compile_s,
+        target_prefill_s=target_prefill_s,
+        draft_prefill_s=draft_prefill_s,
+        speculative_tokens=spec.tokens,
+        speculative_s=spec.seconds,
+        speculative_batch_s=spec.batch_seconds,
+        speculative_tok_s=spec_tok_s,
+        speculative_compile_s=spec.compile_s,
+        speedup=spec_tok_s / plain_tok_s,
+        decode_speedup=(plain_decode_s / plain.tokens) / (spec_decode_s / spec.tokens),
+        predicted_speedup=metrics.predicted_speedup(summary["alpha"], gamma, costs["c"]),
+        cost_model_speedup=metrics.cost_model_speedup(
+            summary["tau"],
+            gamma,
+            costs["target_step_s"],
+            costs["draft_step_s"],
+            costs["target_extend_s"][timing.verify_tokens(gamma)],
+        ),
+        round_s=spec_decode_s / max(rounds, 1),
+        round_parts_s=gamma * costs["draft_step_s"]
+        + costs["target_extend_s"][timing.verify_tokens(gamma)]
+        + costs.get("sampling_round_s", {}).get(gamma, 0.0),
+        greedy_identical_to_plain=greedy_identical(plain, spec, greedy, variant),
+        variant=variant.name,
+        draft=draft,
+        lenience=float(variant.lenience),
+        exact=float(variant.lenience) == 1.0,
+        gamma_policy=dataclasses.asdict(variant.gamma_policy),
+        c=costs["c"],
+        draft_step_s=costs["draft_step_s"],
+        target_mean_logprob=logprob,
+    )

@@ -1,0 +1,87 @@
+"""The benchmark's order of work: validate and resolve the settings, then under OUTPUT_DIR's lock
+load the models and run every batch size's cells (skipping a batch size that does not fit in
+memory), rewriting benchmark.json after every cell, then plot and print the table."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+from speculative import benchmark_report, job_spmd
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.job_config import BenchmarkConfig
+from speculative.jobs import common
+from speculative.jobs.benchmark import cells, harness, settings
+from speculative.jobs.benchmark.header import header
+from speculative.jobs.benchmark.settings import Settings
+from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
+
+
+def run(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """Runs the sweep; returns the result also written to OUTPUT_DIR/benchmark.json (rewritten
+    after every cell, so a long sweep keeps what it measured)."""
+    settings.validate(cfg)
+    s = settings.resolve(cfg, job_spmd.make_partitioner(cfg.partitioner))
+    for batch_size in s.sweep.batch_sizes:  # refused before any weight is read
+        job_spmd.check_batch(s.models.partitioner, batch_size, "BATCH_SIZES entry")
+    with common.locked_output_dir(s.run.output_dir, s.run.compilation_cache_dir) as cache:
+        return run_locked(s, pathlib.Path(s.run.output_dir), cache)
+
+
+def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[dict[str, Any]]:
+    """Every temperature's cell at one batch size, one at a time; c and the verify costs are
+    measured once for them all."""
+    batches = batches_of(setup, s, batch_size)
+    costs = harness.step_costs(setup, s, batches[0])
+    for temperature in s.sweep.temperatures:
+        sampling = s.sweep.sampling(temperature)
+        costs["sampling_round_s"] = harness.sampling_round_costs(setup, s, batches[0], sampling)
+        yield cells.measure_cell(setup, batches, s, temperature, dict(costs))
+
+
+def run_locked(
+    s: Settings, out_dir: pathlib.Path, cache: job_spmd.CacheStats | None = None
+) -> dict[str, Any]:
+    """`run`'s sweep while it holds OUTPUT_DIR's lock. With the compilation cache on,
+    benchmark.json's compilation_cache says whether the compile times are warm (cache hits)."""
+    setup = load(s)
+    print_memory(setup, s)
+    result = header(s, setup)
+    if cache is not None and cache.dir:
+        result["compilation_cache"] = cache.to_json()
+    for batch_size in s.sweep.batch_sizes:
+        reason = memory_shortfall(setup, s, batch_size)
+        if reason is not None:
+            print(f"batch {batch_size}: skipped ({reason})")
+            result["skipped"].append({"batch_size": batch_size, "reason": reason})
+            continue
+        try:
+            for cell in measure_batch_size(setup, s, batch_size):
+                result["cells"].append(cell)
+                if "compilation_cache" in result:
+                    result["compilation_cache"] = cache.to_json()
+                (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+        except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
+            raise nan_error(s, batch_size, e) from e
+        except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
+            if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            print(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
+            reason = f"out of memory: {str(e)[:500]}"
+            result["skipped"].append({"batch_size": batch_size, "reason": reason})
+    if not result["cells"]:
+        raise JobError("no batch size fitted in memory; nothing was measured")
+    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+    benchmark_report.plot(result, out_dir)
+    benchmark_report.print_table(result)
+    print(f"wrote {out_dir}/benchmark.json and plots")
+    return result
+
+
+def nan_error(s: Settings, batch_size: int, error: FloatingPointError) -> JobError:
+    """NaN logits of the target or the (first) draft at a batch size."""
+    paths = {"target": ml.where(s.models.target), "draft": ml.describe(s.models.drafts[0][1])}
+    return common.nan_error(error, f"at batch size {batch_size}", str(error), paths)

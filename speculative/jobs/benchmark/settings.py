@@ -1,0 +1,223 @@
+"""The benchmark job's settings: `validate` a BenchmarkConfig once, then `resolve` it into one
+frozen `Settings` (models / inputs / sweep / run, as T5X groups its configs): the variants with
+their defaults filled in, every gamma they run, the distinct drafts and which variant uses which.
+Everything downstream reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+
+from speculative import decoding
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.job_config import BenchmarkConfig, Variant, check_lenience, check_num_examples
+from speculative.sampling import SamplingConfig
+
+
+def validate(cfg: BenchmarkConfig) -> None:
+    """Raises JobError for a config the job cannot run (before any weight or input is read)."""
+    for name in ("target", "vocabulary", "output_dir"):
+        if getattr(cfg, name) is gin.REQUIRED:
+            raise JobError(f"speculative.BenchmarkConfig.{name} is required")
+    ml.validate_model_spec(cfg.target, "target")
+    if cfg.variants is None or any(v.draft is None for v in cfg.variants):
+        if cfg.draft is gin.REQUIRED:
+            raise JobError("speculative.BenchmarkConfig.draft is required")
+        ml.validate_model_spec(cfg.draft, "draft")
+    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+    check_lenience(cfg.lenience)
+    for name in ("gammas", "batch_sizes"):
+        values = list(getattr(cfg, name))
+        if not values or any(not isinstance(v, int) or v < 1 for v in values):
+            raise JobError(f"{name} must be a non-empty list of integers >= 1, got {values}")
+    if not list(cfg.temperatures) or any(t < 0 for t in cfg.temperatures):
+        raise JobError(
+            f"temperatures must be a non-empty list of values >= 0, got {cfg.temperatures}"
+        )
+    if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
+        raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
+    check_num_examples(cfg.num_examples)
+    if cfg.variants is not None:
+        validate_variants(cfg)
+
+
+def validate_variants(cfg: BenchmarkConfig) -> None:
+    """Raises a one-line JobError naming the first bad entry of cfg.variants."""
+    if isinstance(cfg.variants, (str, Variant)) or not list(cfg.variants):
+        raise JobError(f"variants must be None or a non-empty list of Variants, got {cfg.variants}")
+    names, temperatures = set(), {float(t) for t in cfg.temperatures}
+    for v in cfg.variants:
+        if not isinstance(v, Variant):
+            raise JobError(f"variants: expected speculative.Variant, got {type(v).__name__}")
+        if not isinstance(v.name, str) or not v.name:
+            raise JobError(f"variants: every variant needs a non-empty name, got {v.name!r}")
+        if v.name in names:
+            raise JobError(f"variant {v.name!r}: duplicate name")
+        names.add(v.name)
+        if v.draft is not None:
+            ml.validate_model_spec(v.draft, f"variant {v.name!r} draft")
+        try:
+            check_lenience(v.lenience)
+        except JobError as e:
+            raise JobError(f"variant {v.name!r}: {e}") from None
+        if not isinstance(v.gamma_policy, decoding.GammaPolicy):
+            raise JobError(f"variant {v.name!r}: gamma_policy must be a decoding.GammaPolicy")
+        gammas = list(v.gammas) if v.gammas is not None else [1]
+        if not gammas or any(
+            isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas
+        ):
+            raise JobError(
+                f"variant {v.name!r}: gammas must be a non-empty list of integers >= 1, "
+                f"got {list(v.gammas)}"
+            )
+        temps = list(v.temperatures) if v.temperatures is not None else list(cfg.temperatures)
+        outside = [t for t in temps if float(t) not in temperatures]
+        if temps and len(outside) == len(temps):  # TEMPERATURES narrowed to split a sweep
+            print(f"variant {v.name!r} skipped: it runs at {temps}, none of TEMPERATURES")
+        elif not temps or outside:
+            raise JobError(
+                f"variant {v.name!r}: temperatures {temps} must be a non-empty subset of "
+                f"TEMPERATURES {list(cfg.temperatures)}"
+            )
+    for t in cfg.temperatures:  # a cell needs something to compare with its plain baseline
+        if not any(v.temperatures is None or t in v.temperatures for v in cfg.variants):
+            raise JobError(f"no variant runs at temperature {t}; drop it from TEMPERATURES")
+
+
+def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
+    """cfg.variants with their defaults filled in (draft, gammas, temperatures), less those that
+    run at none of cfg.temperatures; without variants, the one variant "default": cfg.draft at
+    cfg.gammas with cfg.lenience."""
+    if cfg.variants is None:
+        return [Variant("default", cfg.draft, float(cfg.lenience), gammas=tuple(cfg.gammas))]
+    filled = [
+        dataclasses.replace(
+            v,
+            draft=cfg.draft if v.draft is None else v.draft,
+            gammas=tuple(cfg.gammas if v.gammas is None else v.gammas),
+            temperatures=None if v.temperatures is None else tuple(map(float, v.temperatures)),
+        )
+        for v in cfg.variants
+    ]
+    return [v for v in filled if any(runs_at(v, t) for t in cfg.temperatures)]
+
+
+def runs_at(variant: Variant, temperature: float) -> bool:
+    return variant.temperatures is None or float(temperature) in variant.temperatures
+
+
+def distinct_drafts(variants: Sequence[Variant]) -> list[Any]:
+    """The variants' draft specs without repeats (equal specs share one loaded draft)."""
+    specs: list[Any] = []
+    for v in variants:
+        if v.draft not in specs:
+            specs.append(v.draft)
+    return specs
+
+
+# ------------------------------------------------------------------------------------------------
+# The resolved settings.
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """The target, vocabularies, mesh (the made Partitioner, or None) and the distinct drafts as
+    (role, spec): equal specs are loaded once; "draft" alone without variants."""
+
+    target: ml.ModelSpec
+    vocabulary: ml.VocabSpec
+    draft_vocabulary: ml.VocabSpec | None
+    partitioner: Any
+    drafts: tuple[tuple[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    input_file: str
+    input_field: str
+    num_examples: int | None
+    feature_lengths: Mapping[str, int]
+
+    @property
+    def input_length(self) -> int:
+        return self.feature_lengths["inputs"]
+
+    @property
+    def max_decode_len(self) -> int:
+        return self.feature_lengths["targets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What is timed: every batch size and temperature (a cell), each variant running there at
+    each of its gammas against the cell's plain baseline. variants: filled in (`variants_of`);
+    named: bound through VARIANTS (benchmark.json then names them); gammas: every gamma any
+    variant runs, sorted; draft_of: variant name -> index of its draft in Models.drafts."""
+
+    variants: tuple[Variant, ...]
+    named: bool
+    gammas: tuple[int, ...]
+    draft_of: Mapping[str, int]
+    batch_sizes: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    top_k: int
+    top_p: float
+    score_outputs: bool
+
+    @property
+    def max_gamma(self) -> int:
+        return max(self.gammas)
+
+    def at(self, temperature: float) -> list[Variant]:
+        """The variants that run in a cell at `temperature`."""
+        return [v for v in self.variants if runs_at(v, temperature)]
+
+    def sampling(self, temperature: float) -> SamplingConfig:
+        return SamplingConfig(float(temperature), self.top_k, self.top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    output_dir: str
+    repeats: int
+    seed: int
+    compilation_cache_dir: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    models: Models
+    inputs: Inputs
+    sweep: Sweep
+    run: Run
+
+
+def _draft_role(cfg: BenchmarkConfig, index: int) -> str:
+    """How errors name the index-th distinct draft: "draft" alone without variants."""
+    return "draft" if cfg.variants is None else f"draft {index + 1}"
+
+
+def resolve(cfg: BenchmarkConfig, partitioner: Any = None) -> Settings:
+    """The Settings of a validated BenchmarkConfig; partitioner: the mesh made from it."""
+    variants = variants_of(cfg)
+    specs = distinct_drafts(variants)
+    drafts = tuple((_draft_role(cfg, i), spec) for i, spec in enumerate(specs))
+    models = Models(cfg.target, cfg.vocabulary, cfg.draft_vocabulary, partitioner, drafts)
+    inputs = Inputs(cfg.input_file, cfg.input_field, cfg.num_examples, dict(cfg.feature_lengths))
+    sweep = Sweep(
+        variants=tuple(variants),
+        named=cfg.variants is not None,
+        gammas=tuple(sorted({g for v in variants for g in v.gammas})),
+        draft_of={v.name: specs.index(v.draft) for v in variants},
+        batch_sizes=tuple(cfg.batch_sizes),
+        temperatures=tuple(cfg.temperatures),
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        score_outputs=cfg.score_outputs,
+    )
+    run = Run(cfg.output_dir, cfg.repeats, cfg.seed, cfg.compilation_cache_dir)
+    return Settings(models, inputs, sweep, run)
