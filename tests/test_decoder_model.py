@@ -11,27 +11,35 @@ from speculative.models import decoder
 from tests import helpers
 
 
+@pytest.fixture(scope="module")
+def model_and_params():
+    return helpers.tiny_decoder(50, emb=32, layers=2, heads=4, kv_heads=2, seed=3)
+
+
 @pytest.mark.parametrize("block", [1, 3, 8])
-def test_cached_extend_equals_full_pass_at_ragged_positions(block):
-    model, params = helpers.tiny_decoder(50, emb=32, layers=2, heads=4, kv_heads=2, seed=3)
+def test_cached_extend_equals_full_pass_at_ragged_positions(model_and_params, block):
+    model, params = model_and_params
+    # Jitted: one compile per shape instead of an op-by-op compile of every primitive.
+    init_state = jax.jit(lambda params, tokens: model.init_state(params, {"prompt": tokens}, 32))
+    extend = jax.jit(model.extend)
     rng = np.random.default_rng(block)
     starts = np.array([0, 5, 11, 2])
     tokens = jnp.asarray(rng.integers(0, 50, size=(4, 24)), jnp.int32)
     # Fill every row with 16 tokens, then rewind each to its own start (a rollback) and extend.
-    state = model.init_state(params, {"prompt": tokens}, 32)
-    _, state = model.extend(params, state, tokens[:, :16])
+    state = init_state(params, tokens)
+    _, state = extend(params, state, tokens[:, :16])
     state = state.replace(index=jnp.asarray(starts, jnp.int32))
     new = tokens[:, 16 : 16 + block]
-    logits, state = model.extend(params, state, new)
+    logits, state = extend(params, state, new)
     np.testing.assert_array_equal(state.index, starts + block)
     for row, start in enumerate(starts):
         seq = jnp.concatenate([tokens[row, :start], new[row]])[None]
-        full, _ = model.extend(params, model.init_state(params, {"prompt": seq}, 32), seq)
+        full, _ = extend(params, init_state(params, seq), seq)
         np.testing.assert_allclose(logits[row], full[0, start:], rtol=1e-5, atol=1e-5)
 
 
-def test_logical_axes_cover_every_parameter():
-    model, params = helpers.tiny_decoder(50, emb=32, layers=2, heads=4, kv_heads=2, seed=3)
+def test_logical_axes_cover_every_parameter(model_and_params):
+    model, params = model_and_params
     axes = model.logical_axes()
     flat_params = jax.tree_util.tree_leaves_with_path(params)
     flat_axes = dict(
