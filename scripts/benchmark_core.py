@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import decoding, metrics
-from speculative.measure import timing
+from speculative.measure import runner, timing
 from speculative.models import decoder
 
 
@@ -54,9 +54,10 @@ def main():
     prompt = jax.random.randint(jax.random.PRNGKey(2), (1, 32), 1, args.vocab)
     batch = {"prompt": prompt, "prompt_lengths": jnp.array([32], jnp.int32)}
     # eos_id outside the vocabulary: every run generates exactly max_decode_len tokens.
-    common = dict(max_decode_len=args.max_decode_len, eos_id=args.vocab)
+    common = dict(max_decode_len=args.max_decode_len, stop_ids=(args.vocab,))
 
-    run_plain, compile_s = decoding.compile_autoregressive(target, target_params, batch, **common)
+    plain = runner.Decoder(target, target_params, decoding.DecodeConfig(**common))
+    run_plain, compile_s = runner.compiled_call(plain, batch)
     _, base_s, base_out = timing.time_call(run_plain, args.repeats)
     tokens = int(base_out.lengths.sum())
     cache_len = 32 + args.max_decode_len
@@ -80,8 +81,9 @@ def main():
     for name, (d, dp) in {"random": (draft, draft_params), "self": (target, target_params)}.items():
         c_row = c if name == "random" else 1.0
         for gamma in gammas:
-            run_spec, first_s = decoding.compile_speculative(
-                target, target_params, d, dp, batch, gamma=gamma, **common
+            config = decoding.DecodeConfig(**common, gamma=gamma)
+            run_spec, first_s = runner.compiled_call(
+                runner.Decoder(target, target_params, config, d, dp), batch
             )
             _, spec_s, out = timing.time_call(run_spec, args.repeats)
             assert np.array_equal(out.tokens, base_out.tokens), "greedy outputs differ"

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from speculative import decoding, partitioning  # noqa: E402
-from speculative.measure import memory, timing
+from speculative.measure import memory, runner, timing  # noqa: E402
 from speculative.models import decoder  # noqa: E402
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -50,15 +50,9 @@ def build(emb, layers, heads, kv_heads, seed, vocab):
 
 def time_rounds(target, draft, batch, args, partitioner):
     """(compile s, median s per round, rounds, tokens) of one compiled speculative decode."""
-    run, compile_s = decoding.compile_speculative(
-        *target,
-        *draft,
-        batch,
-        gamma=args.gamma,
-        max_decode_len=args.max_decode_len,
-        eos_id=-1,
-        partitioner=partitioner,
-    )
+    config = decoding.DecodeConfig(args.max_decode_len, (-1,), gamma=args.gamma)
+    decoder_ = runner.Decoder(*target, config, *draft, partitioner=partitioner)
+    run, compile_s = runner.compiled_call(decoder_, batch)
     _, median, out = timing.time_call(run, args.repeats)
     rounds = int(np.max(np.asarray(out.stats["target_calls"])))
     return compile_s, median / rounds, rounds, np.asarray(out.tokens)

@@ -111,6 +111,16 @@ class Decoder:
         return run, seconds
 
 
+def compiled_call(
+    decoder: Decoder, batch: Batch, rng: jax.Array | None = None
+) -> tuple[Callable[[], decoding.DecodeOutput], float]:
+    """`decoder` compiled ahead for `batch`: (a no-argument call decoding it, compile seconds), the
+    form `timing.time_call` times (scripts/benchmark_core.py, scripts/spmd_benchmark.py)."""
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    run, seconds = decoder.compile(batch, rng)
+    return (lambda: run(batch, rng)), seconds
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Prefill:
     """The prefill alone of `model` (what every decode of a batch pays before its first token)."""
