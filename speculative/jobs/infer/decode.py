@@ -46,18 +46,17 @@ class Models:
 
 
 def _drafts(s: Settings) -> list[tuple[str, Any]]:
-    return [("draft", s.speculation.draft)] if s.speculative else []
+    return [] if s.draft is None else [("draft", s.draft)]
 
 
 def load_models(s: Settings, vocabulary: vocab.Vocabulary, ids: Sequence[Sequence[int]]) -> Models:
     """The target (and draft), checked against the vocabulary, padding ids masked out, the draft's
     shortlist head fitted to every prompt of the job; on their shards with a partitioner."""
     drafts = _drafts(s)
-    draft_vocabulary = s.speculation.draft_vocabulary if s.speculative else None
+    m = s.models
     loaded = common.load_models(
-        s.models.target, drafts, vocabulary, s.models.vocabulary, draft_vocabulary,
-        s.models.partitioner,
-    )  # fmt: skip
+        m.target, drafts, vocabulary, m.vocabulary, s.draft_vocabulary, m.partitioner
+    )
     loaded = common.with_shortlists(loaded, drafts, vocabulary, ids)
     draft = loaded.drafts[0] if loaded.drafts else None
     return Models(loaded.target, draft, loaded.vocab_padding)
@@ -73,14 +72,16 @@ def nan_error(
 ) -> JobError:
     """NaN logits of the target or the draft while decoding the batch of `members`."""
     indices = ", ".join(str(examples[i].index) for i in members)
-    draft = s.speculation.draft if s.speculative else None
-    paths = {"target": ml.where(s.models.target), "draft": _where(draft)}
+    paths = {"target": ml.where(s.models.target), "draft": _where(s.draft)}
     return common.nan_error(
         error, f"while decoding input(s) {indices}", "try DTYPE = 'float32'", paths
     )
 
 
 def _where(spec: Any) -> str:
+    """What a NaN error names for the draft: its path, or a DraftSpec's description ("" plain)."""
+    if spec is None:
+        return ""
     return ml.where(spec) if isinstance(spec, ml.ModelSpec) else ml.describe(spec)
 
 

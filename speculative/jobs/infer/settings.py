@@ -182,6 +182,15 @@ class Settings:
         return None if self.speculation is None else self.speculation.gamma
 
     @property
+    def draft(self) -> Any:
+        """The draft's spec; None for plain decoding."""
+        return None if self.speculation is None else self.speculation.draft
+
+    @property
+    def draft_vocabulary(self) -> ml.VocabSpec | None:
+        return None if self.speculation is None else self.speculation.draft_vocabulary
+
+    @property
     def lenience(self) -> float:
         """The acceptance rule's l: 1 (exact) for plain decoding."""
         return 1.0 if self.speculation is None else self.speculation.lenience
@@ -265,7 +274,7 @@ def describe(s: Settings) -> dict[str, Any]:
     """The target, draft, speculative and gamma fields that summary.json and the fingerprint share."""
     return {
         "target": ml.describe(s.models.target),
-        "draft": ml.describe(s.speculation.draft) if s.speculative else None,
+        "draft": None if s.draft is None else ml.describe(s.draft),
         "speculative": s.speculative,
         "gamma": s.gamma,
     }
