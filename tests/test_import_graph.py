@@ -1,4 +1,6 @@
-"""The package's import graph: no circles, a finite depth, and no private names used across modules.
+"""The package's layout: its import graph (no circles, between modules or between folders; every
+module in one layer and no arrow back up; no private names used across modules) and its size limits
+(no module over 450 lines, no function over 60 lines of code). docs/design.md §7 draws the layers.
 
 The graph is read from the source with `ast` (nothing is imported): every `import` and `from ...
 import` anywhere in a module, at module level or inside a function, and every
@@ -173,10 +175,25 @@ def test_no_import_circle():
 
 
 def test_no_job_imports_another():
+    """Each job is a command (speculative/<job>.py) over its own package (speculative/jobs/<job>/);
+    they share speculative/jobs/common.py and nothing else."""
     graph = import_graph()
-    jobs = {"speculative.infer", "speculative.benchmark", "speculative.demo"}
-    for job in jobs:
-        assert not graph[job] & jobs, f"{job} imports {graph[job] & jobs}"
+    commands = ("infer", "benchmark", "demo", "train", "fit_ngram", "ende_data", "memory")
+
+    def job_of(module: str) -> str | None:
+        name = module.removeprefix("speculative.").removeprefix("jobs.")
+        head = name.split(".")[0]
+        return head if head in commands else None
+
+    crossing = [
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        if job_of(m) and job_of(t) and job_of(m) != job_of(t)
+    ]
+    assert crossing == []
+    assert job_of("speculative.jobs.infer.run") == job_of("speculative.infer") == "infer"
+    assert job_of("speculative.jobs.common") is None
 
 
 def test_no_private_names_across_modules():
@@ -187,3 +204,122 @@ def test_cycle_and_depth_helpers_on_small_graphs():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert depth({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == 2
+
+
+# docs/design.md §7, bottom up: a module may import its own layer and the layers below it only.
+# A name matches a module and everything under it ("models" covers speculative.models.t5).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "foundation",
+        (
+            "errors", "sampling", "metrics", "inputs", "models", "vocab", "checkpoints",
+            "sharded_checkpoints", "gguf_io", "fetch", "partitioning", "distributed",
+            "seqio_tasks",
+        ),
+    ),
+    ("decoding", ("decoding",)),
+    ("drafts", ("drafts",)),
+    ("measure", ("measure", "configurables")),
+    ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags",
+                     "benchmark_report")),
+    ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "fit_ngram", "ende_data", "memory")),
+)  # fmt: skip
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of a speculative module (the package root itself is above every layer)."""
+    if module == "speculative":
+        return len(LAYERS)
+    name = module.removeprefix("speculative.")
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer of LAYERS (tests/test_import_graph.py)")
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in, for the folder-level graph ('speculative' for top level)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or module in _packages() else "speculative"
+
+
+def _packages() -> set[str]:
+    return {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+
+
+def test_every_module_imports_its_layer_or_below():
+    graph = import_graph()
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        if layer_of(t) > layer_of(m)
+    ]
+    assert upward == []
+
+
+def test_no_folder_level_circle():
+    graph = import_graph()
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = folder_of(module)
+        if source == "speculative":  # top-level modules are each their own node
+            source = module
+        edges = folders.setdefault(source, set())
+        for t in targets:
+            target = folder_of(t) if folder_of(t) != "speculative" else t
+            if target != source:
+                edges.add(target)
+                folders.setdefault(target, set())
+    cycle = find_cycle(folders)
+    assert cycle is None, "folder-level import circle: " + " -> ".join(cycle)
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
+
+
+def code_lines(source: list[str], node: ast.AST) -> int:
+    """Lines of a function's code: its docstring, blank lines and comment lines aside."""
+    skip: set[int] = set()
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        skip = set(range(body[0].lineno, body[0].end_lineno + 1))
+    return sum(
+        1
+        for i in range(node.lineno, node.end_lineno + 1)
+        if i not in skip and source[i - 1].strip() and not source[i - 1].strip().startswith("#")
+    )
+
+
+def oversized() -> list[str]:
+    """Modules over MAX_MODULE_LINES and functions over MAX_FUNCTION_LINES lines of code, unless the
+    module docstring gives a reason on a line starting with "Size:"."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        if "\nSize: " in (ast.get_docstring(tree) or ""):
+            continue
+        lines = text.split("\n")
+        name = path.relative_to(ROOT)
+        if len(lines) - 1 > MAX_MODULE_LINES:
+            found.append(f"{name}: {len(lines) - 1} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = code_lines(lines, node)
+                if n > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {n} lines of code")
+    return found
+
+
+def test_no_module_or_function_over_the_size_limits():
+    assert oversized() == []
+
+
+def test_size_and_layer_checks_catch_violations():
+    lines = ["def f():", '    """doc"""', "    # note", "", "    x = 1", "    return x"]
+    assert code_lines(lines, ast.parse("\n".join(lines)).body[0]) == 3
+    assert layer_of("speculative.decoding.loop") < layer_of("speculative.drafts.ngram")
+    assert folder_of("speculative.drafts.ngram") == "speculative.drafts"
+    assert folder_of("speculative.drafts") == "speculative.drafts"
+    assert folder_of("speculative.errors") == "speculative"
