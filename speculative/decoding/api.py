@@ -66,7 +66,7 @@ def speculative_decode(
 
     Args:
       target, draft: models sharing a vocabulary (same vocab_size; compare token lists with
-        `vocab.check_compatible` when loading). draft may also be any `drafts.base.Drafter`
+        `vocab.check_compatible` when loading). draft may also be any `decoding.Drafter`
         (n-gram tables, prompt lookup, ...), with draft_params its arrays.
       batch: as for `autoregressive_decode`.
       gamma: draft tokens proposed per round (>= 1).
