@@ -67,7 +67,9 @@ def test_decoder_validates_the_batch(pair):
     decoder = runner.Decoder(target, target_params, CONFIG)
     bad = {"prompt": _batch(8)["prompt"], "prompt_lengths": np.asarray([3, 9], np.int32)}
     with pytest.raises(ValueError, match="prompt_lengths"):
-        decoder.compile(bad, jax.random.PRNGKey(0))
+        decoder.validate(bad)
+    with pytest.raises(ValueError, match="prompt_lengths"):  # run_batches checks every batch
+        next(runner.run_batches({"plain": decoder}, [(bad, jax.random.PRNGKey(0))]))
 
 
 def test_prefill_program_returns_the_decode_state(pair):

@@ -39,7 +39,9 @@ class Decoder:
     """Decoding of `target` by `config`: speculative with a draft (config.gamma set), else plain.
 
     With a `partitioning.Partitioner` the loop is compiled SPMD on its mesh: params are placed by
-    its rules (a no-op for params loaded onto their shards) and each batch's rows on 'data'.
+    its rules (a no-op for params loaded onto their shards) and each batch's rows on 'data'. The
+    draft becomes a `Drafter` and is checked against the target once, here; each batch is
+    checked once, by `validate` (`run_batches` calls it before running a batch).
     """
 
     target: LanguageModel
@@ -48,6 +50,13 @@ class Decoder:
     draft: LanguageModel | Drafter | None = None
     draft_params: Any = None
     partitioner: Any = None
+    drafter: Drafter | None = dataclasses.field(init=False, default=None)  # the draft, as one
+
+    def __post_init__(self):
+        drafter = None if self.draft is None else decoding.as_drafter(self.draft)
+        if drafter is not None:
+            drafter.check_target(self.target)
+        object.__setattr__(self, "drafter", drafter)
 
     @property
     def speculative(self) -> bool:
@@ -56,20 +65,17 @@ class Decoder:
     def validate(self, batch: Batch) -> None:
         """Raises ValueError when `batch` cannot be decoded (as `speculative_decode` would)."""
         decoding.validate_batch(self.target, batch, self.config)
-        if self.speculative:
-            drafter = decoding.as_drafter(self.draft)
-            drafter.check_target(self.target)
-            drafter.validate(batch, self.config)
+        if self.drafter is not None:
+            self.drafter.validate(batch, self.config)
 
     def placed_params(self) -> tuple[Any, Any]:
         """(target params, draft params), on the partitioner's mesh when there is one."""
         if self.partitioner is None:
             return self.target_params, self.draft_params
         target = self.partitioner.place_params(self.target, self.target_params, "target")
-        if not self.speculative:
+        if self.drafter is None:
             return target, None
-        drafter = decoding.as_drafter(self.draft)
-        return target, drafter.place_params(self.partitioner, self.draft_params)
+        return target, self.drafter.place_params(self.partitioner, self.draft_params)
 
     def place(self, batch: Batch, rng: jax.Array) -> tuple[Batch, jax.Array]:
         """The batch (rows on 'data') and rng (replicated) as the compiled loop takes them."""
@@ -78,7 +84,7 @@ class Decoder:
         return decoding.place_inputs(self.partitioner, batch, rng)
 
     def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
-        self.validate(batch)
+        """The loop compiled for `batch`'s shape (validate the batch first)."""
         target_params, draft_params = self.placed_params()
         batch, rng = self.place(batch, rng)
         static = {"config": self.config}
@@ -89,7 +95,7 @@ class Decoder:
                 decoding.speculative_loop,
                 self.target,
                 target_params,
-                self.draft,
+                self.drafter,
                 draft_params,
                 batch,
                 rng,
@@ -117,6 +123,7 @@ def compiled_call(
     """`decoder` compiled ahead for `batch`: (a no-argument call decoding it, compile seconds), the
     form `timing.time_call` times (scripts/benchmark_core.py, scripts/spmd_benchmark.py)."""
     rng = jax.random.PRNGKey(0) if rng is None else rng
+    decoder.validate(batch)
     run, seconds = decoder.compile(batch, rng)
     return (lambda: run(batch, rng)), seconds
 
@@ -159,14 +166,18 @@ def run_batches(
 ) -> Iterator[BatchRun]:
     """Runs every program on each (batch, rng) in turn; yields a `BatchRun` per batch.
 
-    Each program is compiled once per batch shape [B, W], on first use; with warmup, it is then
-    run once untimed (first-run costs kept out of the timings). Each timed run ends with the
-    outputs on the device (one host sync per run).
+    Each batch is first checked by every program that can check one (`validate(batch)`, raising
+    ValueError). Each program is compiled once per batch shape [B, W], on first use; with warmup,
+    it is then run once untimed (first-run costs kept out of the timings). Each timed run ends
+    with the outputs on the device (one host sync per run).
     """
     compiled: dict[tuple[Hashable, tuple[int, ...]], Run] = {}
     for batch, rng in batches:
         shape = tuple(inputs.input_tokens(batch).shape)
         outputs, seconds, compile_s = {}, {}, {}
+        for program in programs.values():
+            if hasattr(program, "validate"):
+                program.validate(batch)
         for name, program in programs.items():
             if (name, shape) not in compiled:
                 run, compile_s[name] = program.compile(batch, rng)

@@ -101,7 +101,8 @@ def job_batches(
     s: Settings, ids: Sequence[Sequence[int]], todo: Sequence[int], decoder: runner.Decoder
 ) -> Iterator[JobBatch]:
     """The pending batches, built lazily: fixed rows [k*B, (k+1)*B) (a short last batch repeats its
-    last row), each padded to its own bucket width, batch k with rng fold_in(seed, k)."""
+    last row), each padded to its own bucket width, batch k with rng fold_in(seed, k). The runner
+    checks each batch before decoding it (`invalid_batch` names the batch in the error)."""
     size, partitioner = s.run.batch_size, s.models.partitioner
     rows = inputs.consecutive_rows(len(ids), size)
     # On a mesh, this host builds only its rows (all of them on one host); the width is the
@@ -113,10 +114,11 @@ def job_batches(
         batch = inputs.make_batch(
             [ids[i] for i in rows[k][local]], decoder.target.is_encoder_decoder, width
         )
-        try:
-            decoder.validate(batch)
-        except ValueError as e:
-            raise JobError(f"batch {k}: {e}") from e
         if partitioner is not None:
             batch = job_spmd.place_batch(partitioner, batch, size)
         yield JobBatch(k, members, batch, jax.random.fold_in(jax.random.PRNGKey(s.run.seed), k))
+
+
+def invalid_batch(number: int, error: ValueError) -> JobError:
+    """A batch the decoder refused (`runner.Decoder.validate`), as the job's one-line error."""
+    return JobError(f"batch {number}: {error}")

@@ -17,7 +17,7 @@ from speculative.errors import JobError
 from speculative.inputs import Example
 from speculative.job_io import ResultStore
 from speculative.jobs import common
-from speculative.jobs.infer.batches import job_batches
+from speculative.jobs.infer.batches import invalid_batch, job_batches
 from speculative.jobs.infer.rows import RunStats, output_rows, pool_rows
 from speculative.jobs.infer.settings import Settings
 from speculative.measure import memory, runner, timing
@@ -106,6 +106,8 @@ def decode_pending(
             result = next(runs)
         except FloatingPointError as e:
             raise nan_error(s, examples, e, job_batch.members) from e
+        except ValueError as e:
+            raise invalid_batch(job_batch.number, e) from e
         out = result.outputs["decode"]
         stats.decode_s += result.seconds["decode"]
         stats.compile_batches += "decode" in result.compile_s

@@ -14,7 +14,7 @@ import numpy as np
 
 from speculative import decoding
 from speculative.errors import JobError
-from speculative.jobs.infer.batches import JobBatch, job_batches
+from speculative.jobs.infer.batches import JobBatch, invalid_batch, job_batches
 from speculative.jobs.infer.settings import Settings
 from speculative.measure import planner, runner
 
@@ -74,6 +74,8 @@ def _decode_rows(
         result = next(runner.run_batches({"warmup": decoder}, [(first.batch, first.rng)]))
     except FloatingPointError as e:
         raise nan_error(e, first.members) from e
+    except ValueError as e:
+        raise invalid_batch(first.number, e) from e
     rows = len(first.members)
     return jax.tree.map(lambda x: np.asarray(x)[:rows], result.outputs["warmup"])
 
