@@ -17,6 +17,28 @@ from speculative.errors import JobError
 from speculative.job_io import lock_output_dir
 
 
+class InputLengths:
+    """For a settings group with `feature_lengths` {'inputs': n, 'targets': m}: the prompt length
+    inputs are padded or cut to, and the most tokens generated per row."""
+
+    feature_lengths: Mapping[str, int]
+
+    @property
+    def input_length(self) -> int:
+        return self.feature_lengths["inputs"]
+
+    @property
+    def max_decode_len(self) -> int:
+        return self.feature_lengths["targets"]
+
+
+def group(cls: type, config: Any, **overrides: Any) -> Any:
+    """A settings group (a dataclass) from the gin config's fields of the same names, with
+    `overrides` in place of some: settings are read from the config in one place."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in overrides]
+    return cls(**{name: getattr(config, name) for name in names}, **overrides)
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadedModels:
     """The fitted target and drafts (in the order their specs were given) and the padding ids

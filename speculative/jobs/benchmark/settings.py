@@ -15,6 +15,7 @@ from speculative import decoding
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.job_config import BenchmarkConfig, Variant, check_lenience, check_num_examples
+from speculative.jobs import common
 from speculative.sampling import SamplingConfig
 
 
@@ -136,19 +137,11 @@ class Models:
 
 
 @dataclasses.dataclass(frozen=True)
-class Inputs:
+class Inputs(common.InputLengths):
     input_file: str
     input_field: str
     num_examples: int | None
     feature_lengths: Mapping[str, int]
-
-    @property
-    def input_length(self) -> int:
-        return self.feature_lengths["inputs"]
-
-    @property
-    def max_decode_len(self) -> int:
-        return self.feature_lengths["targets"]
 
 
 @dataclasses.dataclass(frozen=True)

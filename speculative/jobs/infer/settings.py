@@ -94,27 +94,19 @@ class Models:
 
 
 @dataclasses.dataclass(frozen=True)
-class Inputs:
+class Inputs(common.InputLengths):
     """Where the examples come from and how long they may be (feature_lengths: inputs, targets)."""
 
     feature_lengths: Mapping[str, int]
-    input_file: str | None = None
-    input_field: str = "inputs"
-    target_field: str | None = "targets"
-    mixture_or_task_name: str | None = None
-    task_split: str = "validation"
-    task_setup: Callable[[], Any] | None = None
-    task_module: str | None = None
-    num_examples: int | None = None
-    strict_inputs: bool = False
-
-    @property
-    def input_length(self) -> int:
-        return self.feature_lengths["inputs"]
-
-    @property
-    def max_decode_len(self) -> int:
-        return self.feature_lengths["targets"]
+    input_file: str | None
+    input_field: str
+    target_field: str | None
+    mixture_or_task_name: str | None
+    task_split: str
+    task_setup: Callable[[], Any] | None
+    task_module: str | None
+    num_examples: int | None
+    strict_inputs: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,27 +233,8 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
 
 def resolve(cfg: InferConfig, partitioner: Any = None) -> Settings:
     """The Settings of a validated InferConfig; partitioner: the mesh made from cfg.partitioner."""
-    inputs = Inputs(
-        feature_lengths=dict(cfg.feature_lengths),
-        input_file=cfg.input_file,
-        input_field=cfg.input_field,
-        target_field=cfg.target_field,
-        mixture_or_task_name=cfg.mixture_or_task_name,
-        task_split=cfg.task_split,
-        task_setup=cfg.task_setup,
-        task_module=cfg.task_module,
-        num_examples=cfg.num_examples,
-        strict_inputs=cfg.strict_inputs,
-    )
-    run = Run(
-        output_dir=cfg.output_dir,
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
-        sampling=cfg.sampling,
-        measure_c=cfg.measure_c,
-        progress=cfg.progress,
-        compilation_cache_dir=cfg.compilation_cache_dir,
-    )
+    inputs = common.group(Inputs, cfg, feature_lengths=dict(cfg.feature_lengths))
+    run = common.group(Run, cfg)
     models = Models(cfg.target, cfg.vocabulary, partitioner, cfg.multi_host)
     return Settings(models, inputs, _speculation(cfg), run)
 
