@@ -18,13 +18,21 @@ from __future__ import annotations
 import os
 import pathlib
 
-import jax
-import numpy as np
-import pytest
+# The suite compiles hundreds of tiny programs whose run time is negligible next to their compile
+# time: XLA:CPU's lowest backend optimisation level compiles them about a quarter faster. Set before
+# jax makes its backend (subprocesses the tests start inherit it); tests check behaviour, never
+# speed. XLA_FLAGS that already choose an optimisation level are left alone.
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
-from speculative import decoding
-from speculative.drafts import ngram
-from tests import helpers
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from speculative import decoding  # noqa: E402
+from speculative.drafts import ngram  # noqa: E402
+from tests import helpers  # noqa: E402
 
 # JAX's persistent compilation cache for the test processes, every program cached (xdist workers and
 # the 8-device subprocesses share it; a rerun finds most programs compiled: tests/test_gamma_policies.py
