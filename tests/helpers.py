@@ -13,9 +13,10 @@ import xml.etree.ElementTree as ET
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from scipy import stats
 
-from speculative import sampling
+from speculative import decoding, sampling
 from speculative.models import decoder, t5
 
 
@@ -290,6 +291,17 @@ def repeated_prompt(n: int, prompt=PROMPT):
     }
 
 
+def speculative_samples(pair, batch, *, gamma, max_decode_len, eos_id, cfg, seed=42):
+    """Speculative decoding of `batch` (rows of one repeated prompt) by a ((target, params),
+    (draft, params)) pair: (the rows as sequences, the DecodeOutput), for chi-square tests."""
+    (tgt, tgt_params), (drf, drf_params) = pair
+    out = decoding.speculative_decode(
+        tgt, tgt_params, drf, drf_params, batch, gamma=gamma, max_decode_len=max_decode_len,
+        sampling=cfg, eos_id=eos_id, rng=jax.random.PRNGKey(seed),
+    )  # fmt: skip
+    return rows_as_sequences(out.tokens, out.lengths), out
+
+
 # ------------------------------------------------------------------------------------------------
 # The inference job on the tiny random-weight pair, as the job tests launch it.
 
@@ -310,6 +322,15 @@ def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
 # Modules that need several XLA:CPU host devices, run in a subprocess.
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def needs_host_devices(runner_module: str, devices: int = 8):
+    """The skip marker of a module that needs `devices` devices; the default suite runs it in a
+    subprocess started by `runner_module` (`run_pytest_on_host_devices`)."""
+    return pytest.mark.skipif(
+        jax.device_count() < devices,
+        reason=f"needs {devices} devices; the default suite runs it in a subprocess ({runner_module})",
+    )
 
 
 def host_devices_env(devices: int = 8) -> dict[str, str]:

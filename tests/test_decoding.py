@@ -91,21 +91,10 @@ def check_sampled_sequences_follow_target(small_pair, exact, cfg, gamma, draft_p
     """Speculative decoding of N rows samples sequences from the target's exact distribution `exact`
     (chi-square), rows are independent, and (draft_power) the same test rejects the draft's own.
     Also run on mutants of the acceptance rule (tests/test_mutations.py)."""
-    (tgt, tgt_params), (drf, drf_params) = small_pair
     assert abs(sum(exact.values()) - 1.0) < 1e-6
-    out = decoding.speculative_decode(
-        tgt,
-        tgt_params,
-        drf,
-        drf_params,
-        _repeated_prompt(N),
-        gamma=gamma,
-        max_decode_len=SEQ_LEN,
-        sampling=cfg,
-        eos_id=EOS,
-        rng=jax.random.PRNGKey(42),
+    samples, out = helpers.speculative_samples(
+        small_pair, _repeated_prompt(N), gamma=gamma, max_decode_len=SEQ_LEN, eos_id=EOS, cfg=cfg
     )
-    samples = helpers.rows_as_sequences(out.tokens, out.lengths)
     assert helpers.chi_square_pvalue(samples, exact) > 1e-3
     alpha = float(np.mean(out.stats["alpha"]))
     assert 0.2 < alpha < 0.99, f"want a draft that is sometimes rejected, alpha={alpha}"
@@ -118,6 +107,7 @@ def check_sampled_sequences_follow_target(small_pair, exact, cfg, gamma, draft_p
         return
 
     # Power: the same test rejects the draft's own sequence distribution.
+    _, (drf, drf_params) = small_pair
     draft_out = decoding.autoregressive_decode(
         drf,
         drf_params,

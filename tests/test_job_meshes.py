@@ -21,10 +21,7 @@ from speculative import model_loading as ml
 from speculative.models import t5
 from tests import helpers
 
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < 8,
-    reason="needs 8 devices; the default suite runs it in a subprocess (tests/test_job_spmd.py)",
-)
+pytestmark = helpers.needs_host_devices("tests/test_job_spmd.py")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = helpers.TINY_INFER

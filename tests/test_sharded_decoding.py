@@ -20,10 +20,7 @@ from speculative.models import t5
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < 8,
-    reason="needs 8 devices; the default suite runs it in a subprocess (tests/test_spmd.py)",
-)
+pytestmark = helpers.needs_host_devices("tests/test_spmd.py")
 
 V = 64
 MAX_LEN = 9

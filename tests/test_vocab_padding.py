@@ -6,8 +6,6 @@ jitted loop; speculative decoding must stay exact over the ids that remain.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,10 +31,7 @@ def masked_pair():
 
 
 def _repeated_prompt(n):
-    return {
-        "prompt": jnp.tile(jnp.asarray([PROMPT], jnp.int32), (n, 1)),
-        "prompt_lengths": jnp.full((n,), len(PROMPT), jnp.int32),
-    }
+    return helpers.repeated_prompt(n, PROMPT)
 
 
 def test_masked_model_is_hashable_and_never_scores_padding(masked_pair):
@@ -57,19 +52,9 @@ def test_sampled_sequences_follow_the_masked_target_distribution(masked_pair):
     exact = helpers.exact_sequence_probs(tgt, tgt_params, PROMPT, SEQ_LEN, 8, EOS, cfg)
     assert abs(sum(exact.values()) - 1.0) < 1e-6
     assert all(max(seq) < USED for seq in exact)  # padding ids have probability 0
-    out = decoding.speculative_decode(
-        tgt,
-        tgt_params,
-        drf,
-        drf_params,
-        _repeated_prompt(N),
-        gamma=2,
-        max_decode_len=SEQ_LEN,
-        sampling=cfg,
-        eos_id=EOS,
-        rng=jax.random.PRNGKey(42),
+    samples, _ = helpers.speculative_samples(
+        masked_pair, _repeated_prompt(N), gamma=2, max_decode_len=SEQ_LEN, eos_id=EOS, cfg=cfg
     )
-    samples = helpers.rows_as_sequences(out.tokens, out.lengths)
     assert all(max(seq) < USED for seq in samples)
     assert helpers.chi_square_pvalue(samples, exact) > 1e-3
     # Unmasked, the random target puts real mass on the padding ids: the mask is what removes it.
