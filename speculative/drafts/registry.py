@@ -4,7 +4,7 @@ A draft that is not a separate model is one `DraftKind`: its name (the DraftSpec
 one-line description, a check of the spec made before anything is loaded, the line that describes
 it in outputs, and the builder of its `Drafter` for the fitted target. The jobs reach drafts only
 through this module (by way of `model_loading.build_draft`); nothing else names a kind, and
-`names()` lists them in registration order.
+`names()` lists them by name.
 
 Adding a draft kind is one file and one `register(...)` call:
 
@@ -22,9 +22,10 @@ Adding a draft kind is one file and one `register(...)` call:
      `build` gets the fitted target: a model whose padding ids are masked has them masked in its
      `vocab_size`, and `models.padding.split` gives the bare model and the function that masks a
      model derived from it alike. Raise `JobError(..., role=role)` for what the user can fix.
-  2. Built-in kinds are imported by speculative/drafts/__init__.py (add the module there, in the
-     order `names()` should list it); a kind defined elsewhere registers when its module is
-     imported, before the job builds its draft.
+  2. Nothing else: speculative/drafts/__init__.py imports every module of the package, so the
+     file registers its kind whenever the package is imported. A kind defined outside the
+     package (a fork's, a test's) registers when its module is imported, before the job builds
+     its draft.
   3. A config: configs/drafts/<name>.gin binding `speculative.DraftSpec.kind = '<name>'` and the
      DraftSpec fields the kind reads.
 
@@ -98,8 +99,8 @@ def unregister(name: str) -> None:
 
 
 def names() -> tuple[str, ...]:
-    """The registered kinds, in registration order."""
-    return tuple(_KINDS)
+    """The registered kinds, by name (whatever order their modules were imported in)."""
+    return tuple(sorted(_KINDS))
 
 
 def get(name: Any, role: str = "draft") -> DraftKind:
