@@ -102,5 +102,15 @@ def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
 
 def concat_rows(trees: Sequence[Any]) -> Any:
     """Concatenates per-row pytrees (e.g. `DecodeStats` of several batches) along the row axis,
-    as numpy arrays on the host."""
-    return jax.tree.map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]), *trees)
+    as numpy arrays on the host. Per-position counts [B, G] of different gammas are zero-padded
+    to the widest G (a position a smaller gamma never had was never verified), so the stats of a
+    whole gamma sweep pool in one `summarize`."""
+
+    def rows_of(*parts: Any) -> np.ndarray:
+        parts = [np.asarray(x) for x in parts]
+        if parts[0].ndim == 2:
+            width = max(x.shape[1] for x in parts)
+            parts = [np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in parts]
+        return np.concatenate(parts)
+
+    return jax.tree.map(rows_of, *trees)

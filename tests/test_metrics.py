@@ -48,6 +48,33 @@ def test_summarize_pools_over_verified_positions():
     assert out["acceptance_by_position"] == pytest.approx([2 / 3, 0.5])
 
 
+def test_rows_of_several_gammas_pool_in_one_summary():
+    """concat_rows pads per-position counts to the widest gamma, so a gamma sweep's alpha is beta
+    pooled over all its verified positions (not an average of per-gamma alphas)."""
+    gamma_2 = {  # one row: 4 positions verified, beta sum 2.0
+        "target_calls": np.array([2]),
+        "alpha": np.array([0.5]),
+        "verified_at": np.array([[2, 2]]),
+        "accepted_at": np.array([[1, 1]]),
+    }
+    gamma_4 = {  # one row: 1 position verified, beta sum 1.0
+        "target_calls": np.array([1]),
+        "alpha": np.array([1.0]),
+        "verified_at": np.array([[1, 0, 0, 0]]),
+        "accepted_at": np.array([[1, 0, 0, 0]]),
+    }
+    rows = metrics.concat_rows([gamma_2, gamma_4])
+    assert rows["verified_at"].tolist() == [[2, 2, 0, 0], [1, 0, 0, 0]]
+    extra = {
+        "draft_calls": np.array([4, 4]),
+        "drafted": np.array([4, 4]),
+        "accepted": np.array([2, 1]),
+    }
+    out = metrics.summarize({**rows, **extra}, np.array([4, 2]))
+    assert out["alpha"] == pytest.approx(3 / 5)
+    assert out["acceptance_by_position"] == pytest.approx([2 / 3, 0.5, 0.0, 0.0])
+
+
 def test_position_betas_are_the_overlap_of_the_two_distributions():
     rng = np.random.default_rng(0)
     target, draft = rng.normal(size=(2, 3, 12)), rng.normal(size=(2, 3, 12))

@@ -102,15 +102,18 @@ def print_point(v: Variant, p: Point) -> None:
     )
 
 
-def variant_summary(v: Variant, points: Sequence[Point]) -> dict[str, Any]:
+def variant_summary(
+    v: Variant, points: Sequence[Point], timed: Mapping[Hashable, Timed]
+) -> dict[str, Any]:
     """A variant's alpha over its gammas, its draft's c and the gamma Thm 3.8 finds best for them.
 
-    Each point's alpha is `metrics.summarize`'s; across gammas they are weighted by generated
-    tokens (alpha does not depend on gamma; rows of different gammas have different per-position
-    widths, so they are not pooled row by row)."""
-    mine = [p for p in points if p.variant == v.name]
-    alpha = float(np.average([p.alpha for p in mine], weights=[p.speculative_tokens for p in mine]))
-    c = mine[0].c
+    alpha is `metrics.summarize`'s over every output of the variant at every gamma: beta pooled
+    over all their verified positions (alpha does not depend on gamma)."""
+    outputs = [out for g in v.gammas for out in timed[(v.name, g)].outputs]
+    stats = metrics.concat_rows([out.stats for out in outputs])
+    lengths = np.concatenate([np.asarray(out.lengths) for out in outputs])
+    alpha = metrics.summarize(stats, lengths)["alpha"]
+    c = next(p for p in points if p.variant == v.name).c
     return {"alpha": alpha, "c": c, "optimal_gamma": metrics.optimal_gamma(alpha, c)}
 
 
@@ -142,7 +145,7 @@ def measure_cell(
             k: mean_logprob(setup.target, batches, t) for k, t in timed.items() if t.outputs
         }
     points = cell_points(timed, setup, s, variants, costs, sampling.greedy, logprobs)
-    summaries = {v.name: variant_summary(v, points) for v in variants}
+    summaries = {v.name: variant_summary(v, points, timed) for v in variants}
     first = summaries[variants[0].name]
     extra: dict[str, Any] = {}
     if s.sweep.named:
