@@ -20,6 +20,7 @@ import gin
 # so every job that parses a config imports this module.
 from speculative import configurables, distributed, inputs, model_loading, partitioning  # noqa: F401
 from speculative.decoding import GammaPolicy
+from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
@@ -38,6 +39,8 @@ class InferConfig:
     num_examples: the first n examples (None: all; otherwise >= 1).
     draft: a ModelSpec, or a DraftSpec (configs/drafts/*.gin) for a draft that is not a model.
     lenience: l in (0, 1] of the acceptance rule; 1 is exact, l < 1 is lossy (rows say exact: false).
+    acceptance: the rule that keeps draft tokens: 'token' (the paper's, default) or 'block' (block
+      verification: exact, never fewer tokens accepted; needs lenience 1).
     gamma: draft tokens per round (an int >= 1), or 'auto': `speculative.planner` picks gamma, or
       plain decoding, from alpha on a warm-up decode of batch 0 at planner_warmup_gamma and the
       step / verify costs measured at batch_size, scoring each of planner_gammas (ignored with
@@ -64,6 +67,7 @@ class InferConfig:
     planner_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
     planner_warmup_gamma: int = 4
     lenience: float = 1.0
+    acceptance: str = "token"
     sampling: SamplingConfig = SamplingConfig()
     batch_size: int = 1
     feature_lengths: Mapping[str, int] = dataclasses.field(
@@ -156,6 +160,7 @@ class BenchmarkConfig:
     )
     gammas: Sequence[int] = (1, 2, 3, 4, 5, 6)
     lenience: float = 1.0
+    acceptance: str = "token"  # the default variant's rule ('token' or 'block')
     temperatures: Sequence[float] = (0.0, 1.0)
     top_k: int = 0
     top_p: float = 1.0
@@ -181,12 +186,14 @@ class Variant:
     equal specs are loaded once). lenience: the acceptance rule's l (1 exact, < 1 lossy).
     gamma_policy: `decoding.GammaPolicy`. gammas: None = BenchmarkConfig.gammas. temperatures:
     the cells it runs in (None: all of BenchmarkConfig.temperatures; a subset of them).
+    acceptance: 'token' (the paper's rule) or 'block' (block verification; lenience 1).
     """
 
     name: str = gin.REQUIRED
     draft: Any = None
     lenience: float = 1.0
     gamma_policy: GammaPolicy = GammaPolicy()
+    acceptance: str = "token"
     gammas: Sequence[int] | None = None
     temperatures: Sequence[float] | None = None
 
@@ -201,4 +208,15 @@ def check_lenience(lenience: Any) -> None:
         print(
             f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
             "samples of the target (rows and summaries say exact: false)"
+        )
+
+
+def check_acceptance(acceptance: Any, lenience: Any) -> None:
+    """Raises JobError unless ACCEPTANCE names a rule (`decoding.acceptance.NAMES`) that can take
+    LENIENCE (only 'token' is defined for l < 1)."""
+    if acceptance not in ACCEPTANCE_NAMES:
+        raise JobError(f"ACCEPTANCE must be one of {ACCEPTANCE_NAMES}, got {acceptance!r}")
+    if acceptance != "token" and lenience != 1:
+        raise JobError(
+            f"ACCEPTANCE {acceptance!r} is exact only; LENIENCE {lenience} needs 'token'"
         )

@@ -330,7 +330,7 @@ def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.
     return categorical(rng, log_probs), log_probs
 
 
-def _verify_greedy(
+def verify_greedy(
     target_logits: jax.Array,
     draft_logits: jax.Array,
     draft_tokens: jax.Array,
@@ -383,7 +383,7 @@ def verify_detailed(
       num_accepted [B] int32 in 0..G, next_token [B] int32, beta [B, G] float32.
     """
     if cfg.greedy:
-        return _verify_greedy(target_logits, draft_logits, draft_tokens, draft_lengths)
+        return verify_greedy(target_logits, draft_logits, draft_tokens, draft_lengths)
     gamma = draft_tokens.shape[1]
     batch = draft_tokens.shape[0]
     p = jnp.exp(process_logits(target_logits, cfg))  # [B, G+1, V]

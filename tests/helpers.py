@@ -291,13 +291,15 @@ def repeated_prompt(n: int, prompt=PROMPT):
     }
 
 
-def speculative_samples(pair, batch, *, gamma, max_decode_len, eos_id, cfg, seed=42):
+def speculative_samples(
+    pair, batch, *, gamma, max_decode_len, eos_id, cfg, seed=42, acceptance="token"
+):
     """Speculative decoding of `batch` (rows of one repeated prompt) by a ((target, params),
     (draft, params)) pair: (the rows as sequences, the DecodeOutput), for chi-square tests."""
     (tgt, tgt_params), (drf, drf_params) = pair
     out = decoding.speculative_decode(
         tgt, tgt_params, drf, drf_params, batch, gamma=gamma, max_decode_len=max_decode_len,
-        sampling=cfg, eos_id=eos_id, rng=jax.random.PRNGKey(seed),
+        sampling=cfg, eos_id=eos_id, rng=jax.random.PRNGKey(seed), acceptance=acceptance,
     )  # fmt: skip
     return rows_as_sequences(out.tokens, out.lengths), out
 

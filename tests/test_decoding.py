@@ -87,14 +87,18 @@ SAMPLED_CASES = [
 ]
 
 
-def check_sampled_sequences_follow_target(small_pair, exact, cfg, gamma, draft_power=True):
+def check_sampled_sequences_follow_target(
+    small_pair, exact, cfg, gamma, draft_power=True, acceptance="token"
+):
     """Speculative decoding of N rows samples sequences from the target's exact distribution `exact`
     (chi-square), rows are independent, and (draft_power) the same test rejects the draft's own.
-    Also run on mutants of the acceptance rule (tests/test_mutations.py)."""
+    Also run on mutants of the acceptance rule (tests/test_mutations.py) and with block
+    verification (tests/test_block_verification.py)."""
     assert abs(sum(exact.values()) - 1.0) < 1e-6
     samples, out = helpers.speculative_samples(
-        small_pair, _repeated_prompt(N), gamma=gamma, max_decode_len=SEQ_LEN, eos_id=EOS, cfg=cfg
-    )
+        small_pair, _repeated_prompt(N), gamma=gamma, max_decode_len=SEQ_LEN, eos_id=EOS, cfg=cfg,
+        acceptance=acceptance,
+    )  # fmt: skip
     assert helpers.chi_square_pvalue(samples, exact) > 1e-3
     alpha = float(np.mean(out.stats["alpha"]))
     assert 0.2 < alpha < 0.99, f"want a draft that is sometimes rejected, alpha={alpha}"

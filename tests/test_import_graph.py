@@ -212,9 +212,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
-            "errors", "sampling", "metrics", "inputs", "models", "vocab", "checkpoints",
-            "sharded_checkpoints", "gguf_io", "fetch", "partitioning", "distributed",
-            "seqio_tasks",
+            "errors", "sampling", "block_verification", "metrics", "inputs", "models", "vocab",
+            "checkpoints", "sharded_checkpoints", "gguf_io", "fetch", "partitioning",
+            "distributed", "seqio_tasks",
         ),
     ),
     ("decoding", ("decoding",)),

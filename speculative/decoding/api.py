@@ -61,6 +61,7 @@ def speculative_decode(
     partitioner: Any = None,
     lenience: float = 1.0,
     gamma_policy: GammaPolicy = GammaPolicy(),
+    acceptance: str = "token",
 ) -> DecodeOutput:
     """Exact speculative decoding: output distributed as `autoregressive_decode(target, ...)`.
 
@@ -76,12 +77,16 @@ def speculative_decode(
         the output's `exact` says which.
       gamma_policy: how many of the gamma slots each row drafts per round (`GammaPolicy`; default
         all of them).
+      acceptance: 'token' (the paper's rule, the default) or 'block' (block verification: exact,
+        and never fewer tokens accepted per round; `decoding.acceptance`).
     Returns:
       DecodeOutput; its `DecodeStats` hold per row target_calls, draft_calls (a call = one draft
       forward step), drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions),
       tokens_per_call (tau), accepted_at / verified_at [B, G].
     """
-    config = DecodeConfig(max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy)
+    config = DecodeConfig(
+        max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy, acceptance
+    )
     drafter = as_drafter(draft)
     drafter.check_target(target)
     return _run(

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from speculative import inputs
+from speculative.decoding import acceptance
 from speculative.models.base import LanguageModel
 from speculative.sampling import SamplingConfig
 
@@ -69,6 +70,8 @@ class DecodeConfig:
       default) is exact; l < 1 is the paper's lossy lenient acceptance, and every output made with
       it says so (`DecodeOutput.exact` is False).
     gamma_policy: `GammaPolicy`, how many of the gamma slots each row drafts (default: all).
+    acceptance: the rule that keeps draft tokens (`decoding.acceptance`): 'token' (the paper's,
+      the default) or 'block' (block verification; exact, so lenience must be 1).
     """
 
     max_decode_len: int
@@ -77,6 +80,7 @@ class DecodeConfig:
     gamma: int | None = None
     lenience: float = 1.0
     gamma_policy: GammaPolicy = GammaPolicy()
+    acceptance: str = "token"
 
     def __post_init__(self):
         ids = self.stop_ids
@@ -102,6 +106,15 @@ class DecodeConfig:
         object.__setattr__(self, "lenience", float(self.lenience))
         if not isinstance(self.gamma_policy, GammaPolicy):
             raise ValueError(f"gamma_policy must be a GammaPolicy, got {self.gamma_policy!r}")
+        if self.acceptance not in acceptance.NAMES:
+            raise ValueError(
+                f"acceptance must be one of {acceptance.NAMES}, got {self.acceptance!r}"
+            )
+        if self.acceptance != "token" and self.lenience != 1.0:
+            raise ValueError(
+                f"lenience {self.lenience} is defined for token verification only; "
+                f"acceptance {self.acceptance!r} is exact (lenience 1)"
+            )
 
     @property
     def exact(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from speculative.decoding import acceptance
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
 from speculative.decoding.model_drafter import as_drafter
@@ -31,7 +32,7 @@ from speculative.decoding.state import (
     prefill,
 )
 from speculative.models.base import LanguageModel, write_rows
-from speculative.sampling import SamplingConfig, sample, verify_detailed
+from speculative.sampling import SamplingConfig, sample
 
 # ------------------------------------------------------------------------------------------------
 # Shared pieces: emitting a block of tokens, the final output, the loop itself.
@@ -193,7 +194,7 @@ def _speculative_round(
     proposed = _draft_lengths(context, draft_logits, config.sampling)  # [B] (gamma when fixed)
     block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
     target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
-    n, next_token, beta = verify_detailed(
+    n, next_token, beta = acceptance.rule(config.acceptance)(
         verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
         proposed if config.gamma_policy.adaptive else None,
     )  # fmt: skip

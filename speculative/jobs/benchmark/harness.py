@@ -91,8 +91,9 @@ def cell_programs(
         draft = drafts[s.sweep.draft_of[v.name]]
         for gamma in v.gammas:
             config = dataclasses.replace(
-                plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy
-            )
+                plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy,
+                acceptance=v.acceptance,
+            )  # fmt: skip
             programs[(v.name, gamma)] = runner.Decoder(
                 target.model, target.params, config, draft.model, draft.params, partitioner
             )

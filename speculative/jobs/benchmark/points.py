@@ -26,7 +26,8 @@ class Point:
     a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
     alone, gamma draft steps + one verify call + the round's sampling work.
     greedy_identical_to_plain: None unless greedy and exact.
-    variant / draft / lenience / exact / gamma_policy: the speculative setting (`Variant`);
+    variant / draft / lenience / exact / gamma_policy / acceptance: the speculative setting
+      (`Variant`);
     c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
     generated token of these outputs (None unless BenchmarkConfig.score_outputs).
     """
@@ -59,6 +60,7 @@ class Point:
     lenience: float = 1.0
     exact: bool = True
     gamma_policy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    acceptance: str = "token"
     c: float = float("nan")
     draft_step_s: float = float("nan")
     target_mean_logprob: float | None = None
@@ -141,6 +143,7 @@ def make_point(
         lenience=float(variant.lenience),
         exact=float(variant.lenience) == 1.0,
         gamma_policy=dataclasses.asdict(variant.gamma_policy),
+        acceptance=variant.acceptance,
         c=costs["c"],
         draft_step_s=costs["draft_step_s"],
         target_mean_logprob=logprob,

@@ -14,7 +14,13 @@ import gin
 from speculative import decoding
 from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_config import BenchmarkConfig, Variant, check_lenience, check_num_examples
+from speculative.job_config import (
+    BenchmarkConfig,
+    Variant,
+    check_acceptance,
+    check_lenience,
+    check_num_examples,
+)
 from speculative.jobs import common
 from speculative.sampling import SamplingConfig
 
@@ -31,6 +37,7 @@ def validate(cfg: BenchmarkConfig) -> None:
         ml.validate_model_spec(cfg.draft, "draft")
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
     check_lenience(cfg.lenience)
+    check_acceptance(cfg.acceptance, cfg.lenience)
     for name in ("gammas", "batch_sizes"):
         values = list(getattr(cfg, name))
         if not values or any(not isinstance(v, int) or v < 1 for v in values):
@@ -63,6 +70,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
             ml.validate_model_spec(v.draft, f"variant {v.name!r} draft")
         try:
             check_lenience(v.lenience)
+            check_acceptance(v.acceptance, v.lenience)
         except JobError as e:
             raise JobError(f"variant {v.name!r}: {e}") from None
         if not isinstance(v.gamma_policy, decoding.GammaPolicy):
@@ -94,7 +102,12 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
     run at none of cfg.temperatures; without variants, the one variant "default": cfg.draft at
     cfg.gammas with cfg.lenience."""
     if cfg.variants is None:
-        return [Variant("default", cfg.draft, float(cfg.lenience), gammas=tuple(cfg.gammas))]
+        return [
+            Variant(
+                "default", cfg.draft, float(cfg.lenience), acceptance=cfg.acceptance,
+                gammas=tuple(cfg.gammas),
+            )
+        ]  # fmt: skip
     filled = [
         dataclasses.replace(
             v,

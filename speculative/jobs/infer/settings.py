@@ -14,7 +14,12 @@ from speculative import decoding, vocab
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.inputs import Example
-from speculative.job_config import InferConfig, check_lenience, check_num_examples
+from speculative.job_config import (
+    InferConfig,
+    check_acceptance,
+    check_lenience,
+    check_num_examples,
+)
 from speculative.job_io import examples_digest
 from speculative.jobs import common
 from speculative.measure import planner
@@ -38,6 +43,7 @@ def validate(cfg: InferConfig) -> None:
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
     check_gamma(cfg)
     check_lenience(cfg.lenience)
+    check_acceptance(cfg.acceptance, cfg.lenience)
     if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
     lengths = dict(cfg.feature_lengths)
@@ -130,6 +136,7 @@ class Speculation:
     gamma: int | str
     gamma_policy: decoding.GammaPolicy
     lenience: float
+    acceptance: str
     separate_model: bool
     planning: Planning | None = None
 
@@ -191,6 +198,11 @@ class Settings:
     def exact(self) -> bool:
         return self.lenience == 1.0
 
+    @property
+    def acceptance(self) -> str:
+        """The acceptance rule ('token' for plain decoding, which verifies nothing)."""
+        return "token" if self.speculation is None else self.speculation.acceptance
+
     def with_plan(self, plan: planner.Plan) -> Settings:
         """The settings that decode: the planned gamma, or plain decoding (as SPECULATIVE = False)."""
         if plan.gamma is None:
@@ -208,6 +220,7 @@ class Settings:
             sampling=self.run.sampling,
             gamma=None if gamma == "auto" else gamma,
             lenience=self.lenience,
+            acceptance=self.acceptance,
             gamma_policy=self.speculation.gamma_policy
             if self.speculative
             else decoding.GammaPolicy(),
@@ -226,6 +239,7 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
         gamma=cfg.gamma,
         gamma_policy=cfg.gamma_policy,
         lenience=float(cfg.lenience),
+        acceptance=cfg.acceptance,
         separate_model=common.is_separate_model(cfg.draft),
         planning=planning,
     )
@@ -250,6 +264,8 @@ def describe(s: Settings) -> dict[str, Any]:
         "draft": None if s.draft is None else ml.describe(s.draft),
         "speculative": s.speculative,
         "gamma": s.gamma,
+        # only when not the paper's rule, so earlier output dirs keep resuming
+        **({"acceptance": s.acceptance} if s.acceptance != "token" else {}),
     }
 
 
