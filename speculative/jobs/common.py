@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import gin
 import jax
 
 from speculative import job_spmd, vocab
@@ -30,6 +31,13 @@ class InputLengths:
     @property
     def max_decode_len(self) -> int:
         return self.feature_lengths["targets"]
+
+
+def check_required(config: Any, names: Sequence[str]) -> None:
+    """Raises JobError naming the first of `names` the gin config left `%gin.REQUIRED`."""
+    for name in names:
+        if getattr(config, name) is gin.REQUIRED:
+            raise JobError(f"speculative.{type(config).__name__}.{name} is required")
 
 
 def group(cls: type, config: Any, **overrides: Any) -> Any:

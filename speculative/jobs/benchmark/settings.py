@@ -11,33 +11,25 @@ from typing import Any
 
 import gin
 
-from speculative import decoding
+from speculative import decoding, job_config
 from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_config import (
-    BenchmarkConfig,
-    Variant,
-    check_acceptance,
-    check_lenience,
-    check_num_examples,
-)
+from speculative.job_config import BenchmarkConfig, Variant
 from speculative.jobs import common
 from speculative.sampling import SamplingConfig
 
 
 def validate(cfg: BenchmarkConfig) -> None:
     """Raises JobError for a config the job cannot run (before any weight or input is read)."""
-    for name in ("target", "vocabulary", "output_dir"):
-        if getattr(cfg, name) is gin.REQUIRED:
-            raise JobError(f"speculative.BenchmarkConfig.{name} is required")
+    common.check_required(cfg, ("target", "vocabulary", "output_dir"))
     ml.validate_model_spec(cfg.target, "target")
     if cfg.variants is None or any(v.draft is None for v in cfg.variants):
         if cfg.draft is gin.REQUIRED:
             raise JobError("speculative.BenchmarkConfig.draft is required")
         ml.validate_model_spec(cfg.draft, "draft")
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
-    check_lenience(cfg.lenience)
-    check_acceptance(cfg.acceptance, cfg.lenience)
+    job_config.check_lenience(cfg.lenience)
+    job_config.check_acceptance(cfg.acceptance, cfg.lenience)
     for name in ("gammas", "batch_sizes"):
         values = list(getattr(cfg, name))
         if not values or any(not isinstance(v, int) or v < 1 for v in values):
@@ -48,7 +40,7 @@ def validate(cfg: BenchmarkConfig) -> None:
         )
     if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
         raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
-    check_num_examples(cfg.num_examples)
+    job_config.check_num_examples(cfg.num_examples)
     if cfg.variants is not None:
         validate_variants(cfg)
 
@@ -69,8 +61,8 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
         if v.draft is not None:
             ml.validate_model_spec(v.draft, f"variant {v.name!r} draft")
         try:
-            check_lenience(v.lenience)
-            check_acceptance(v.acceptance, v.lenience)
+            job_config.check_lenience(v.lenience)
+            job_config.check_acceptance(v.acceptance, v.lenience)
         except JobError as e:
             raise JobError(f"variant {v.name!r}: {e}") from None
         if not isinstance(v.gamma_policy, decoding.GammaPolicy):

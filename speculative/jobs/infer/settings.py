@@ -8,18 +8,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import gin
-
-from speculative import decoding, vocab
+from speculative import decoding, job_config, vocab
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.inputs import Example
-from speculative.job_config import (
-    InferConfig,
-    check_acceptance,
-    check_lenience,
-    check_num_examples,
-)
+from speculative.job_config import InferConfig
 from speculative.job_io import examples_digest
 from speculative.jobs import common
 from speculative.measure import planner
@@ -28,9 +21,7 @@ from speculative.sampling import SamplingConfig
 
 def validate(cfg: InferConfig) -> None:
     """Raises JobError for a config the job cannot run (before any weight or input is read)."""
-    for name in ("target", "vocabulary", "output_dir"):
-        if getattr(cfg, name) is gin.REQUIRED:
-            raise JobError(f"speculative.InferConfig.{name} is required")
+    common.check_required(cfg, ("target", "vocabulary", "output_dir"))
     ml.validate_model_spec(cfg.target, "target")
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
     if cfg.speculative:
@@ -42,8 +33,8 @@ def validate(cfg: InferConfig) -> None:
         if cfg.draft_vocabulary is not None:
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
     check_gamma(cfg)
-    check_lenience(cfg.lenience)
-    check_acceptance(cfg.acceptance, cfg.lenience)
+    job_config.check_lenience(cfg.lenience)
+    job_config.check_acceptance(cfg.acceptance, cfg.lenience)
     if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
     lengths = dict(cfg.feature_lengths)
@@ -53,7 +44,7 @@ def validate(cfg: InferConfig) -> None:
         )
     if (cfg.input_file is None) == (cfg.mixture_or_task_name is None):
         raise JobError("bind exactly one of INPUT_FILE and MIXTURE_OR_TASK_NAME")
-    check_num_examples(cfg.num_examples)
+    job_config.check_num_examples(cfg.num_examples)
     if cfg.multi_host and cfg.partitioner is None:
         raise JobError(
             "DISTRIBUTED (multi_host) needs a PARTITIONER mesh over every host's devices"
