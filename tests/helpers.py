@@ -314,6 +314,34 @@ QUIET_INFER = [  # no cost timing, no progress bar: job tests check outputs, not
 ]
 
 
+# The draft and acceptance job tests: 4 prompts, batches of 2, 12 tokens, gamma 3.
+SMALL_INFER = [
+    *QUIET_INFER,
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
+    "--gin.BATCH_SIZE=2",
+    "--gin.GAMMA=3",
+]
+DRAFT_PROMPTS = ["abcabcabc", "Hi", "x = 1; x = 1; x", "Hello, Hello,"]
+
+
+def read_outputs(out: pathlib.Path) -> tuple[list[dict], dict]:
+    """An infer job's predictions.jsonl rows and summary.json."""
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def tiny_infer(tmp_path: pathlib.Path, name: str, *extra: str) -> tuple[list[dict], dict]:
+    """The infer job on the tiny pair (TINY_INFER + SMALL_INFER) over DRAFT_PROMPTS, with `extra`
+    flags, into tmp_path/name; run from the repository root. Returns `read_outputs`."""
+    from speculative import infer
+
+    inputs = write_jsonl(tmp_path / "in.jsonl", DRAFT_PROMPTS)
+    out = tmp_path / name
+    flags = [f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'"]
+    infer.main([*TINY_INFER, *SMALL_INFER, *flags, *extra])
+    return read_outputs(out)
+
+
 def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
     """Writes one {"inputs": text} row per text to `path`; returns it."""
     path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))

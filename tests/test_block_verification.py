@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 
 import jax
 import jax.numpy as jnp
@@ -237,24 +236,9 @@ def test_lenient_block_verification_is_refused():
 # The infer job with ACCEPTANCE = 'block'.
 
 
-def _infer(tmp_path, name, *extra):
-    from speculative import infer
-
-    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", ["abcabcabc", "Hi", "Hello, Hello,"])
-    out = tmp_path / name
-    infer.main(
-        [
-            *helpers.TINY_INFER, *helpers.QUIET_INFER, f"--gin.INPUT_FILE='{inputs}'",
-            f"--gin.OUTPUT_DIR='{out}'", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
-            "--gin.BATCH_SIZE=2", "--gin.GAMMA=3", "--gin.COMPILATION_CACHE_DIR=None", *extra,
-        ]
-    )  # fmt: skip
-    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    return rows, json.loads((out / "summary.json").read_text())
-
-
 def test_infer_job_with_block_acceptance(tmp_path, monkeypatch):
     monkeypatch.chdir(helpers.ROOT)
+    _infer = helpers.tiny_infer
     plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
     rows, summary = _infer(tmp_path, "block", "--gin.ACCEPTANCE='block'")
     assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]

@@ -12,20 +12,14 @@ import pathlib
 import numpy as np
 import pytest
 
-from speculative import benchmark, fit_ngram, infer
+from speculative import benchmark, fit_ngram
 from speculative.drafts import ngram
 from speculative.errors import JobError
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = helpers.TINY_INFER
-FAST = [
-    *helpers.QUIET_INFER,
-    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
-    "--gin.BATCH_SIZE=2",
-    "--gin.GAMMA=3",
-]
-PROMPTS = ["abcabcabc", "Hi", "x = 1; x = 1; x", "Hello, Hello,"]
+PROMPTS = helpers.DRAFT_PROMPTS
+_infer = helpers.tiny_infer
 UNPADDED = "--gin.target/decoder.DecoderConfig.vocab_size=259"  # the byte vocabulary's size
 
 
@@ -38,14 +32,6 @@ def _inputs(tmp_path: pathlib.Path) -> pathlib.Path:
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in PROMPTS))
     return path
-
-
-def _infer(tmp_path, name: str, *extra: str) -> tuple[list[dict], dict]:
-    out = tmp_path / name
-    flags = TINY + FAST + [f"--gin.INPUT_FILE='{_inputs(tmp_path)}'", f"--gin.OUTPUT_DIR='{out}'"]
-    infer.main(flags + list(extra))
-    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    return rows, json.loads((out / "summary.json").read_text())
 
 
 def _tables(tmp_path, vocab_size: int = 264) -> pathlib.Path:

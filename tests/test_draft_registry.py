@@ -5,14 +5,13 @@ listing the known kinds."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative import infer, model_loading
+from speculative import model_loading
 from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
 from speculative.drafts import registry
 from speculative.errors import JobError
@@ -21,14 +20,7 @@ from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUILT_IN = ("bigram", "layer_skip", "prompt_lookup", "unigram")
-FLAGS = [
-    *helpers.TINY_INFER,
-    *helpers.QUIET_INFER,
-    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
-    "--gin.BATCH_SIZE=2",
-    "--gin.GAMMA=3",
-]
-PROMPTS = ["abcabcabc", "Hi", "x = 1; x = 1; x", "Hello, Hello,"]
+_infer = helpers.tiny_infer
 A = 100  # "a" in the byte vocabulary (byte 97 + 3 special ids)
 
 
@@ -76,14 +68,6 @@ def fixed_kind():
 @pytest.fixture(autouse=True)
 def _cwd_repo_root(monkeypatch):
     monkeypatch.chdir(ROOT)
-
-
-def _infer(tmp_path: pathlib.Path, name: str, *extra: str) -> tuple[list[dict], dict]:
-    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS)
-    out = tmp_path / name
-    infer.main(FLAGS + [f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'", *extra])
-    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    return rows, json.loads((out / "summary.json").read_text())
 
 
 def _draft_spec(kind: str) -> list[str]:
