@@ -66,11 +66,6 @@ def check_batch(partitioner: partitioning.Partitioner | None, size: int, name: s
         raise JobError(str(e).replace("batch size", name, 1)) from e
 
 
-def model_error(error: ValueError, role: str) -> JobError:
-    """A mesh-divisibility ValueError of the partitioner (e.g. num_heads on 'model') as a JobError."""
-    return JobError(f"mesh: {error}", role=role)
-
-
 # ------------------------------------------------------------------------------------------------
 # Several hosts.
 

@@ -116,7 +116,13 @@ def decode_job(
     outcome = dataclasses.replace(outcome, padding=models.vocab_padding)
     if outcome.decoded.planned:
         print(decode.memory_report(s, models, ids, max(s.speculation.planning.gammas)))
-        chosen = plan_gamma(s, models, examples, vocabulary, ids)
+        chosen = plan.plan_gamma(
+            s,
+            functools.partial(models.decoder, partitioner=s.models.partitioner),
+            s.decode_config(vocabulary),
+            ids,
+            functools.partial(decode.nan_error, s, examples),
+        )
         plan.save_plan(store.dir, job, chosen)
         outcome = dataclasses.replace(
             outcome, decoded=s.with_plan(chosen), plan=chosen, costs=plan.plan_costs(chosen)
@@ -140,23 +146,6 @@ def decode_job(
             outcome, costs=decode.measure_cost(decoded, models, config, ids[0])
         )
     return outcome
-
-
-def plan_gamma(
-    s: Settings,
-    models: decode.Models,
-    examples: Sequence[Example],
-    vocabulary: vocab.Vocabulary,
-    ids: Sequence[Sequence[int]],
-) -> planner.Plan:
-    """The planner's choice for this job, timed on its batch 0 (`jobs.infer.plan.plan_gamma`)."""
-    return plan.plan_gamma(
-        s,
-        functools.partial(models.decoder, partitioner=s.models.partitioner),
-        s.decode_config(vocabulary),
-        ids,
-        functools.partial(decode.nan_error, s, examples),
-    )
 
 
 def write_summary(
