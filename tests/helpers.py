@@ -292,7 +292,7 @@ def repeated_prompt(n: int, prompt=PROMPT):
 
 
 def speculative_samples(
-    pair, batch, *, gamma, max_decode_len, eos_id, cfg, seed=42, acceptance="token"
+    pair, batch, *, gamma, max_decode_len, eos_id, cfg, seed=42, acceptance="token", tree=None
 ):
     """Speculative decoding of `batch` (rows of one repeated prompt) by a ((target, params),
     (draft, params)) pair: (the rows as sequences, the DecodeOutput), for chi-square tests."""
@@ -300,6 +300,7 @@ def speculative_samples(
     out = decoding.speculative_decode(
         tgt, tgt_params, drf, drf_params, batch, gamma=gamma, max_decode_len=max_decode_len,
         sampling=cfg, eos_id=eos_id, rng=jax.random.PRNGKey(seed), acceptance=acceptance,
+        tree=tree,
     )  # fmt: skip
     return rows_as_sequences(out.tokens, out.lengths), out
 

@@ -88,16 +88,16 @@ SAMPLED_CASES = [
 
 
 def check_sampled_sequences_follow_target(
-    small_pair, exact, cfg, gamma, draft_power=True, acceptance="token"
+    small_pair, exact, cfg, gamma, draft_power=True, acceptance="token", tree=None
 ):
     """Speculative decoding of N rows samples sequences from the target's exact distribution `exact`
     (chi-square), rows are independent, and (draft_power) the same test rejects the draft's own.
-    Also run on mutants of the acceptance rule (tests/test_mutations.py) and with block
-    verification (tests/test_block_verification.py)."""
+    Also run on mutants of the acceptance rule (tests/test_mutations.py), with block
+    verification (tests/test_block_verification.py) and with token trees (test_token_trees.py)."""
     assert abs(sum(exact.values()) - 1.0) < 1e-6
     samples, out = helpers.speculative_samples(
         small_pair, _repeated_prompt(N), gamma=gamma, max_decode_len=SEQ_LEN, eos_id=EOS, cfg=cfg,
-        acceptance=acceptance,
+        acceptance=acceptance, tree=tree,
     )  # fmt: skip
     assert helpers.chi_square_pvalue(samples, exact) > 1e-3
     alpha = float(np.mean(out.stats["alpha"]))

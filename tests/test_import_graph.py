@@ -212,8 +212,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
-            "errors", "sampling", "block_verification", "metrics", "inputs", "models", "vocab",
-            "checkpoints", "sharded_checkpoints", "gguf_io", "fetch", "partitioning",
+            "errors", "sampling", "block_verification", "tree_verification", "metrics", "inputs",
+            "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch", "partitioning",
             "distributed", "seqio_tasks",
         ),
     ),

@@ -1,6 +1,7 @@
 """Plain and speculative decoding.
 
 The package, read in order (docs/design.md §7):
+  tree.py           `TreeShape`: static token-tree shapes, and how a sampled draft grows one
   config.py         `GammaPolicy`, `DecodeConfig`: every static setting of one decode, checked once
   state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`
   drafter.py        the `Drafter` protocol and `DraftContext`: the interface every draft implements
@@ -20,6 +21,7 @@ from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import ModelDrafter, as_drafter
 from speculative.decoding.state import DecodeOutput, DecodeStats, LoopState, prefill
+from speculative.decoding.tree import TreeShape
 
 __all__ = [
     "DecodeConfig",
@@ -32,6 +34,7 @@ __all__ = [
     "ModelDrafter",
     "NaNLogitsError",
     "StatelessDrafter",
+    "TreeShape",
     "as_drafter",
     "autoregressive_decode",
     "autoregressive_loop",

@@ -14,6 +14,7 @@ from speculative.decoding.drafter import Drafter
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import as_drafter
 from speculative.decoding.state import DecodeOutput
+from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
 from speculative.sampling import SamplingConfig
 
@@ -53,7 +54,7 @@ def speculative_decode(
     draft_params: Any,
     batch: dict[str, jax.Array],
     *,
-    gamma: int,
+    gamma: int | None = None,
     max_decode_len: int,
     eos_id: int | Sequence[int],
     sampling: SamplingConfig = SamplingConfig(),
@@ -62,6 +63,7 @@ def speculative_decode(
     lenience: float = 1.0,
     gamma_policy: GammaPolicy = GammaPolicy(),
     acceptance: str = "token",
+    tree: TreeShape | tuple[int, ...] | None = None,
 ) -> DecodeOutput:
     """Exact speculative decoding: output distributed as `autoregressive_decode(target, ...)`.
 
@@ -70,7 +72,7 @@ def speculative_decode(
         `vocab.check_compatible` when loading). draft may also be any `decoding.Drafter`
         (n-gram tables, prompt lookup, ...), with draft_params its arrays.
       batch: as for `autoregressive_decode`.
-      gamma: draft tokens proposed per round (>= 1).
+      gamma: draft tokens proposed per round (>= 1); with a tree, its depth (may be left unset).
       partitioner: optional `partitioning.Partitioner`: run SPMD on its mesh, target and draft
         each sharded by their own rules (see `autoregressive_decode`).
       lenience: 1 (exact, the default) or the paper's lossy lenient acceptance factor in (0, 1);
@@ -79,13 +81,17 @@ def speculative_decode(
         all of them).
       acceptance: 'token' (the paper's rule, the default) or 'block' (block verification: exact,
         and never fewer tokens accepted per round; `decoding.acceptance`).
+      tree: propose a token tree each round instead of a chain: a `TreeShape`, or its widths per
+        depth such as (4, 2, 2, 1, 1) (`decoding.tree`); verified by the exact tree rule.
     Returns:
       DecodeOutput; its `DecodeStats` hold per row target_calls, draft_calls (a call = one draft
       forward step), drafted, accepted, alpha (mean of sum_x min(p, q) over verified positions),
-      tokens_per_call (tau), accepted_at / verified_at [B, G].
+      tokens_per_call (tau), accepted_at / verified_at [B, G] (G: per depth for a tree).
     """
+    if gamma is None and tree is None:
+        raise ValueError("speculative_decode needs gamma (>= 1) or a tree")
     config = DecodeConfig(
-        max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy, acceptance
+        max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy, acceptance, tree
     )
     drafter = as_drafter(draft)
     drafter.check_target(target)

@@ -14,6 +14,7 @@ import numpy as np
 
 from speculative import inputs
 from speculative.decoding import acceptance
+from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
 from speculative.sampling import SamplingConfig
 
@@ -72,6 +73,9 @@ class DecodeConfig:
     gamma_policy: `GammaPolicy`, how many of the gamma slots each row drafts (default: all).
     acceptance: the rule that keeps draft tokens (`decoding.acceptance`): 'token' (the paper's,
       the default) or 'block' (block verification; exact, so lenience must be 1).
+    tree: a `decoding.tree.TreeShape` to propose a token tree each round instead of a chain
+      (`tree_verification.verify_tree` decides; exact, so lenience 1, a fixed gamma policy and
+      the 'token' acceptance). gamma is then the tree's depth (set from it when left None).
     """
 
     max_decode_len: int
@@ -81,6 +85,7 @@ class DecodeConfig:
     lenience: float = 1.0
     gamma_policy: GammaPolicy = GammaPolicy()
     acceptance: str = "token"
+    tree: TreeShape | None = None
 
     def __post_init__(self):
         ids = self.stop_ids
@@ -97,6 +102,8 @@ class DecodeConfig:
         if not _is_int(self.max_decode_len) or self.max_decode_len < 1:
             raise ValueError(f"max_decode_len must be an integer >= 1, got {self.max_decode_len!r}")
         object.__setattr__(self, "max_decode_len", int(self.max_decode_len))
+        if self.tree is not None:
+            self._check_tree()
         if self.gamma is not None:
             if not _is_int(self.gamma) or self.gamma < 1:
                 raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
@@ -116,6 +123,28 @@ class DecodeConfig:
                 f"acceptance {self.acceptance!r} is exact (lenience 1)"
             )
 
+    def _check_tree(self) -> None:
+        tree = TreeShape.parse(self.tree)
+        object.__setattr__(self, "tree", tree)
+        if self.gamma is None:
+            object.__setattr__(self, "gamma", tree.depth)
+        elif self.gamma != tree.depth:
+            raise ValueError(
+                f"gamma {self.gamma!r} differs from the depth of {tree.describe()} ({tree.depth}); "
+                f"leave gamma unset with a tree"
+            )
+        refused = {
+            "acceptance": (self.acceptance, "token"),
+            "lenience": (self.lenience, 1.0),
+            "gamma_policy": (self.gamma_policy, GammaPolicy()),
+        }
+        for name, (value, needed) in refused.items():
+            if value != needed:
+                raise ValueError(
+                    f"a token tree is verified by the exact tree rule with a fixed shape: "
+                    f"{name} must be {needed!r}, got {value!r}"
+                )
+
     @property
     def exact(self) -> bool:
         """Whether outputs follow the target's distribution (no lenience)."""
@@ -123,7 +152,10 @@ class DecodeConfig:
 
     @property
     def block(self) -> int:
-        """Tokens fed to the target per call: gamma + 1 speculative, 1 plain."""
+        """Tokens fed to the target per call: gamma + 1 for a chain, the tree's nodes + 1 for a
+        tree, 1 plain."""
+        if self.tree is not None:
+            return self.tree.size + 1
         return 1 if self.gamma is None else self.gamma + 1
 
     def cache_length(self, model: LanguageModel, batch: dict[str, jax.Array]) -> int:

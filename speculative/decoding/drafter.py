@@ -138,6 +138,13 @@ class Drafter(Protocol):
         """The state pinned to its shardings inside the loop (identity without a mesh)."""
         ...
 
+    # Optional, for token trees (DecodeConfig.tree):
+    #   propose_tree(params, state, context, rng, tree, sampling) -> (tokens [B, N] int32,
+    #     log_q [B, N, V] float32, new state): node j's token drawn from exp(log_q[:, j - 1]), the
+    #     distribution it was drawn from given its earlier siblings (normalised log-probabilities,
+    #     not logits: a sibling drawn without replacement has q with the earlier ones removed).
+    #   grows_tree(tree) -> bool: whether it can propose that shape.
+
 
 class StatelessDrafter:
     """Defaults for drafts without a model: no state, replicated params, any target."""
@@ -152,7 +159,14 @@ class StatelessDrafter:
             )
 
     def validate(self, batch: dict[str, jax.Array], config: Any) -> None:
-        del batch, config
+        del batch
+        tree = getattr(config, "tree", None)
+        if tree is not None and not self.grows_tree(tree):
+            raise ValueError(f"draft {type(self).__name__} cannot propose a {tree.describe()}")
+
+    def grows_tree(self, tree: Any) -> bool:
+        """Drafts with `propose_tree` grow trees of first children (tree widths)."""
+        return hasattr(self, "propose_tree") and tree.first_child_chain
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return jax.device_put(params, partitioner.replicated())

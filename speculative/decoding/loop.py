@@ -17,9 +17,11 @@ import dataclasses
 import functools
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 
+from speculative import tree_verification
 from speculative.decoding import acceptance
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
@@ -31,7 +33,7 @@ from speculative.decoding.state import (
     initial_loop_state,
     prefill,
 )
-from speculative.models.base import LanguageModel, write_rows
+from speculative.models.base import LanguageModel, keep_path, write_rows
 from speculative.sampling import SamplingConfig, sample
 
 # ------------------------------------------------------------------------------------------------
@@ -169,6 +171,57 @@ def _draft_lengths(
     return lengths
 
 
+@flax.struct.dataclass
+class _Verdict:
+    """What one round's verification decided (B rows, G = gamma or a tree's depth).
+
+    tokens: [B, G] the draft tokens along the accepted path (a chain: all of them);
+    num_accepted: [B] how many of them are kept; next_token: [B] the token after them;
+    beta: [B, G] acceptance probabilities; tested: [B, G] positions tried against the target.
+    """
+
+    tokens: jax.Array
+    num_accepted: jax.Array
+    next_token: jax.Array
+    beta: jax.Array
+    tested: jax.Array
+
+
+def _propose(s, drafter, draft_params, context, rng, config):
+    """(tokens [B, N], logits or log q [B, N, V], draft state, proposed [B]): a chain of gamma
+    tokens (N = gamma), or the nodes of config.tree."""
+    if config.tree is None:
+        tokens, logits, state = drafter.propose(
+            draft_params, s.draft, context, rng, config.gamma, config.sampling
+        )
+        return tokens, logits, state, _draft_lengths(context, logits, config.sampling)
+    tokens, log_q, state = drafter.propose_tree(
+        draft_params, s.draft, context, rng, config.tree, config.sampling
+    )
+    return tokens, log_q, state, jnp.full_like(s.pos, config.gamma)
+
+
+def _verify(rng, target_logits, target_state, draft_tokens, draft_logits, proposed, pos, config):
+    """(_Verdict, target state with the accepted path's cache entries in place)."""
+    tree = config.tree
+    if tree is None:
+        n, next_token, beta = acceptance.rule(config.acceptance)(
+            rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
+            proposed if config.gamma_policy.adaptive else None,
+        )  # fmt: skip
+        # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
+        position = jnp.arange(config.gamma)[None, :]
+        tested = (position <= n[:, None]) & (position < proposed[:, None])
+        return _Verdict(draft_tokens, n, next_token, beta, tested), target_state
+    path, n, next_token, beta, tested = tree_verification.verify_tree(
+        rng, target_logits, draft_logits, draft_tokens, config.sampling, tree.children, tree.depth
+    )
+    tokens = jnp.take_along_axis(draft_tokens, jnp.maximum(path - 1, 0), axis=1)
+    root_and_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)
+    target_state = keep_path(target_state, pos, root_and_path)
+    return _Verdict(tokens, n, next_token, beta, tested), target_state
+
+
 def _speculative_round(
     s: LoopState,
     target: LanguageModel,
@@ -180,45 +233,47 @@ def _speculative_round(
 ) -> LoopState:
     """One draft-verify-emit round over the whole batch; inactive rows are left unchanged.
 
-    1. draft: x_1..x_G ~ q_1..q_G (a model draft first re-feeds [prev, last]);
-    2. target: one call on [last, x_1..x_G] at pos -> p_1..p_{G+1};
-    3. verify: n accepted, the next token from the residual or p_{G+1};
-    4. emit x_1..x_n, next; the target index moves to pos + n + 1 (rollback = index reset).
+    1. draft: x_1..x_G ~ q_1..q_G (a model draft first re-feeds [prev, last]), or a token tree;
+    2. target: one call on [last, x_1..x_G] (or [last, tree nodes]) at pos -> p at every token;
+    3. verify: n accepted, the next token from the residual or p after the last accepted;
+    4. emit x_1..x_n, next (a tree: its accepted path, whose cache entries move into place); the
+       target index moves to pos + n + 1 (rollback = index reset).
     """
-    gamma, active = config.gamma, ~s.done
+    active = ~s.done
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     context = _draft_context(s, batch, config)
-    draft_tokens, draft_logits, draft_state = drafter.propose(
-        draft_params, s.draft, context, draft_rng, gamma, config.sampling
+    draft_tokens, draft_logits, draft_state, proposed = _propose(
+        s, drafter, draft_params, context, draft_rng, config
     )
-    proposed = _draft_lengths(context, draft_logits, config.sampling)  # [B] (gamma when fixed)
-    block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, G+1]
-    target_logits, target_state = target.extend(target_params, s.target.replace(index=s.pos), block)
-    n, next_token, beta = acceptance.rule(config.acceptance)(
-        verify_rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
-        proposed if config.gamma_policy.adaptive else None,
-    )  # fmt: skip
+    block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, N+1]
+    ancestors = None if config.tree is None else config.tree.ancestors
+    target_logits, target_state = target.extend(
+        target_params, s.target.replace(index=s.pos), block, ancestors
+    )
+    v, target_state = _verify(
+        verify_rng, target_logits, target_state, draft_tokens, draft_logits, proposed, s.pos, config
+    )
+    n = v.num_accepted
 
     # Emit x_1..x_n then next_token: put next_token at block position n.
     rows = jnp.arange(n.shape[0])
-    candidates = jnp.concatenate([draft_tokens, jnp.zeros_like(s.last)[:, None]], axis=1)
-    candidates = candidates.at[rows, n].set(next_token)
+    candidates = jnp.concatenate([v.tokens, jnp.zeros_like(s.last)[:, None]], axis=1)
+    candidates = candidates.at[rows, n].set(v.next_token)
     emitted_state, emitted = _emit(s, candidates, n + 1, config)
 
     pos = jnp.where(active, s.pos + n + 1, s.pos)
-    prev = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], s.last)
-    # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
-    position = jnp.arange(gamma)[None, :]
-    verified = (position <= n[:, None]) & (position < proposed[:, None]) & active[:, None]
-    accepted_at = (position < n[:, None]) & active[:, None]
+    prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
+    verified = v.tested & active[:, None]
+    accepted_at = (jnp.arange(config.gamma)[None, :] < n[:, None]) & active[:, None]
+    drafted = proposed if config.tree is None else config.tree.size
     st = s.stats
     stats = st.replace(
         target_calls=st.target_calls + active,
         draft_calls=st.draft_calls + proposed * active,
-        drafted=st.drafted + proposed * active,
+        drafted=st.drafted + drafted * active,
         accepted=st.accepted + jnp.where(active, n, 0),
         emitted=st.emitted + emitted,
-        beta_sum=st.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
+        beta_sum=st.beta_sum + jnp.sum(jnp.where(verified, v.beta, 0.0), axis=1),
         accepted_at=st.accepted_at + accepted_at,
         verified_at=st.verified_at + verified,
         nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
@@ -228,7 +283,7 @@ def _speculative_round(
         target=target_state.replace(index=pos),
         draft=draft_state,
         pos=pos,
-        last=jnp.where(active, next_token, s.last),
+        last=jnp.where(active, v.next_token, s.last),
         prev=jnp.where(active, prev, s.prev),
         rng=rng,
         budget=jnp.where(active, _next_budget(s.budget, n, proposed, config), s.budget),

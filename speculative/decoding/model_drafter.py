@@ -13,6 +13,7 @@ from speculative.decoding.checks import check_pair, validate_batch
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter, draft_confidence
 from speculative.decoding.state import constrain, prefill
+from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
 from speculative.sampling import SamplingConfig, sample
 
@@ -36,6 +37,7 @@ class ModelDrafter(StatelessDrafter):
         check_pair(target, self.model)
 
     def validate(self, batch: dict[str, jax.Array], config: DecodeConfig) -> None:
+        super().validate(batch, config)
         validate_batch(self.model, batch, config)
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
@@ -65,16 +67,8 @@ class ModelDrafter(StatelessDrafter):
         """gamma tokens per row: (tokens [B, G], logits [B, G, V] they were drawn from, state with
         index pos + G)."""
         params = self.model_params(params)
-        draft, pos, last, prev = self.model, context.pos, context.last, context.prev
-        # Catch-up block [prev, last] at pos - 1 (docs/design.md §3); rows at position 0 (nothing
-        # before `last`) feed [last, last] at 0 and read the first logits (slot 1 is overwritten
-        # next).
-        start = jnp.maximum(pos - 1, 0)
-        first = jnp.where(pos > 0, prev, last)
-        block = jnp.stack([first, last], 1)
-        logits2, state = draft.extend(params, state.replace(index=start), block)
-        logits = jnp.take_along_axis(logits2, (pos - start)[:, None, None], axis=1)[:, 0]
-        state = state.replace(index=pos + 1)
+        draft = self.model
+        logits, state = self._catch_up(params, state, context)
         rngs = jax.random.split(rng, gamma)
         token, _ = sample(rngs[0], logits, sampling)
         if context.adaptive:
@@ -92,6 +86,41 @@ class ModelDrafter(StatelessDrafter):
         tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
         all_logits = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
         return tokens, all_logits, state
+
+    def propose_tree(
+        self,
+        params: Any,
+        state: DecodeState,
+        context: DraftContext,
+        rng: jax.Array,
+        tree: TreeShape,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, DecodeState]:
+        """A tree of first children (decoding/tree.py): each depth's siblings drawn without
+        replacement from q at the first child above; D - 1 draft steps after the catch-up.
+        Returns (tokens [B, N], log_q [B, N, V], state with index pos + D)."""
+        params = self.model_params(params)
+        logits, state = self._catch_up(params, state, context)
+
+        def step(state, token):
+            step_logits, state = self.model.extend(params, state, token[:, None])
+            return step_logits[:, 0], state
+
+        return grow_first_child_tree(step, state, logits, tree, rng, sampling)
+
+    def _catch_up(
+        self, params: Any, state: DecodeState, context: DraftContext
+    ) -> tuple[jax.Array, DecodeState]:
+        """Re-feeds [prev, last] at pos - 1 (docs/design.md §3): (logits [B, V] after `last`,
+        state with index pos + 1). Rows at position 0 (nothing before `last`) feed [last, last]
+        at 0 and read the first logits (slot 1 is overwritten next)."""
+        pos = context.pos
+        start = jnp.maximum(pos - 1, 0)
+        first = jnp.where(pos > 0, context.prev, context.last)
+        block = jnp.stack([first, context.last], 1)
+        logits2, state = self.model.extend(params, state.replace(index=start), block)
+        logits = jnp.take_along_axis(logits2, (pos - start)[:, None, None], axis=1)[:, 0]
+        return logits, state.replace(index=pos + 1)
 
     def _propose_until_stopped(self, params, state, token, logits, rngs, context, sampling):
         """The same proposals as the fixed path (same keys), in a while loop that ends as soon as

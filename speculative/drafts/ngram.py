@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
+from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import (
     LOADER_ERRORS,
@@ -160,19 +161,39 @@ class NgramDrafter(StatelessDrafter):
         sampling: SamplingConfig,
     ) -> tuple[jax.Array, jax.Array, tuple]:
         """gamma tokens per row, each drawn from q(· | the token before it)."""
-        rows = context.last.shape[0]
 
         def step(previous, step_rng):
-            if self.order == 1:
-                probs = jnp.broadcast_to(params.unigram, (rows, self.vocab_size))
-            else:
-                probs = bigram_probs(params, previous)
-            logits = jnp.log(probs)
+            logits = self._logits(params, previous)
             token, _ = sample(step_rng, logits, sampling)
             return token, (token, logits)
 
         _, (tokens, logits) = jax.lax.scan(step, context.last, jax.random.split(rng, gamma))
         return tokens.T, jnp.swapaxes(logits, 0, 1), state
+
+    def propose_tree(
+        self,
+        params: NgramTables,
+        state: tuple,
+        context: DraftContext,
+        rng: jax.Array,
+        tree: TreeShape,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, tuple]:
+        """A tree of first children: each depth's siblings drawn without replacement from
+        q(· | the first child above). Returns (tokens [B, N], log_q [B, N, V], state)."""
+
+        def step(carry, token):
+            return self._logits(params, token), carry
+
+        root = self._logits(params, context.last)
+        tokens, log_q, _ = grow_first_child_tree(step, (), root, tree, rng, sampling)
+        return tokens, log_q, state
+
+    def _logits(self, params: NgramTables, previous: jax.Array) -> jax.Array:
+        """[B] previous tokens -> [B, V] log q(x | previous) (unigram: previous is ignored)."""
+        if self.order == 1:
+            return jnp.log(jnp.broadcast_to(params.unigram, (previous.shape[0], self.vocab_size)))
+        return jnp.log(bigram_probs(params, previous))
 
 
 # ------------------------------------------------------------------------------------------------

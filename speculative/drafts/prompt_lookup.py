@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.decoding.tree import TreeShape, by_node
 from speculative.drafts import registry
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
@@ -33,6 +34,19 @@ from speculative.sampling import SamplingConfig
 def latest_match(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:
     """[B, L] texts of [B] lengths -> [B] the latest start j with ids[j:j+n] == the last n tokens
     and j + n < length (at least one token follows the match); -1 where there is none."""
+    starts = jnp.arange(ids.shape[1])[None, :]
+    return jnp.max(jnp.where(_matches(ids, length, n), starts, -1), axis=1)
+
+
+def latest_matches(ids: jax.Array, length: jax.Array, n: int, count: int) -> jax.Array:
+    """[B, count] the `count` latest starts `latest_match` would consider, latest first; -1 pads."""
+    starts = jnp.arange(ids.shape[1])[None, :]
+    found = jnp.where(_matches(ids, length, n), starts, -1)
+    return jax.lax.top_k(found, min(count, ids.shape[1]))[0]
+
+
+def _matches(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:
+    """[B, L] bool: the n tokens from each start equal the text's last n, and a token follows."""
     width = ids.shape[1]
     starts = jnp.arange(width)[None, :]
     tail = jnp.take_along_axis(ids, jnp.maximum(length[:, None] - n + jnp.arange(n), 0), axis=1)
@@ -41,7 +55,7 @@ def latest_match(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:
     for t in range(n):
         shifted = jnp.take_along_axis(ids, jnp.minimum(starts + t, width - 1), axis=1)
         match &= shifted == tail[:, t : t + 1]
-    return jnp.max(jnp.where(match, starts, -1), axis=1)
+    return match
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +97,62 @@ class PromptLookupDrafter(StatelessDrafter):
         tokens = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1), axis=1)
         tokens = jnp.where((found >= 0)[:, None], tokens, context.last[:, None]).astype(jnp.int32)
         return tokens, one_hot_logits(tokens, self.vocab_size), state
+
+    def propose_tree(
+        self,
+        params: tuple,
+        state: tuple,
+        context: DraftContext,
+        rng: jax.Array,
+        tree: TreeShape,
+        sampling: SamplingConfig,
+    ) -> tuple[jax.Array, jax.Array, tuple]:
+        """A lookup tree: the first children follow the best match (as `propose`); their
+        siblings are the next tokens of the other matches that agree with the first children so
+        far (up to the widest depth's count of latest matches per n-gram length), best first.
+        q is one-hot on each node. Returns (tokens [B, N], log_q [B, N, V], state)."""
+        del params, rng, sampling
+        ids, length = context.history()
+        tokens = _lookup_tree(ids, length, context.last, tree, self.max_ngram, self.min_ngram)
+        return tokens, one_hot_logits(tokens, self.vocab_size), state
+
+
+def _lookup_tree(
+    ids: jax.Array,
+    length: jax.Array,
+    last: jax.Array,
+    tree: TreeShape,
+    max_ngram: int,
+    min_ngram: int,
+) -> jax.Array:
+    """Tokens [B, N] of a tree of first children read off several matches (`LookupTree`)."""
+    widest, depth = max(tree.widths), tree.depth
+    follows = []  # continuation starts j + n, longest n first, latest first within an n
+    for n in range(max_ngram, min_ngram - 1, -1):
+        j = latest_matches(ids, length, n, widest)
+        follows.append(jnp.where(j >= 0, j + n, -1))
+    follow = jnp.concatenate(follows, axis=1)  # [B, M]
+    period = jnp.maximum(length[:, None] - follow, 1)
+    offsets = follow[:, :, None] + jnp.arange(depth)[None, None, :] % period[:, :, None]
+    rows = ids.shape[0]
+    read = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1).reshape(rows, -1), 1)
+    continuations = read.reshape(*offsets.shape)  # [B, M, D]
+    live = follow >= 0  # candidates that agree with the first children so far
+    earlier = jnp.tril(jnp.ones((follow.shape[1],) * 2, bool), -1)  # [m, m'] m' < m
+    per_depth = []
+    for d in range(depth):
+        token = continuations[:, :, d]  # [B, M]
+        same = (token[:, :, None] == token[:, None, :]) & live[:, None, :] & earlier[None]
+        first = live & ~jnp.any(same, axis=2)  # the first candidate proposing this token
+        rank = jnp.cumsum(first, axis=1) - 1
+        chosen = [jnp.any(first & (rank == r), axis=1) for r in range(widest)]
+        picks = [jnp.sum(jnp.where(first & (rank == r), token, 0), axis=1) for r in range(widest)]
+        head = jnp.where(chosen[0], picks[0], last)
+        # A rank with no candidate repeats the first child: proposed twice, never accepted twice.
+        level = jnp.stack([jnp.where(c, t, head) for c, t in zip(chosen, picks)], axis=1)
+        per_depth.append(level)
+        live = live & (token == head[:, None])
+    return by_node(tree, jnp.stack(per_depth, axis=0)).astype(jnp.int32)
 
 
 def _validate(spec: registry.DraftSpec, role: str) -> None:

@@ -7,6 +7,11 @@ flax.linen module. Decoding only ever calls the four members of `LanguageModel`:
     state = model.init_state(params, batch, max_len)    # allocate cache (and encode, for enc-dec)
     logits, state = model.extend(params, state, tokens)  # tokens [B, L] -> logits [B, L, V] float32
 
+`extend(..., ancestors=A)` scores a token tree in one call (docs/design.md §1, token trees): A is
+a static [L, L] bool matrix, A[i, j] when token j is token i or one of its ancestors (token 0 is
+the root). Token i sits at position index + depth(i) and sees the cache before `index` and its
+ancestors only; `keep_path` then moves the accepted path's keys and values into place.
+
 `DecodeState.index[b]` is the number of valid cache positions of row b. `extend` writes its L new keys
 and values at index[b] .. index[b] + L - 1 of each row and attends causally by absolute position, so a
 rollback after a rejected draft is just `state.replace(index=...)`: stale slots beyond the index are
@@ -20,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Params = Any
 Batch = dict[str, jax.Array]
@@ -97,7 +103,11 @@ class LanguageModel(Protocol):
     def init_state(self, params: Params, batch: Batch, max_len: int) -> DecodeState: ...
 
     def extend(
-        self, params: Params, state: DecodeState, tokens: jax.Array
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        ancestors: np.ndarray | None = None,
     ) -> tuple[jax.Array, DecodeState]: ...
 
 
@@ -139,20 +149,34 @@ class ConfiguredModel:
         return prompt + max_decode_len + block
 
     def extend(
-        self, params: Params, state: DecodeState, tokens: jax.Array
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        ancestors: np.ndarray | None = None,
     ) -> tuple[jax.Array, DecodeState]:
-        """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32."""
+        """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32.
+
+        ancestors: None for a causal block; a static [L, L] bool tree (module docstring) to score
+        a token tree, each token at index + its depth.
+        """
         length = tokens.shape[1]
         if length > state.max_len:
             raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
-        positions = query_positions(state.index, length)
-        logits, cache = self.apply_decoder(params, state, tokens, positions)
+        positions = query_positions(state.index, length, ancestors)
+        logits, cache = self.apply_decoder(params, state, tokens, positions, ancestors)
         return logits, state.replace(cache=cache, index=state.index + length)
 
     def apply_decoder(
-        self, params: Params, state: DecodeState, tokens: jax.Array, positions: jax.Array
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        positions: jax.Array,
+        ancestors: np.ndarray | None = None,
     ) -> tuple[jax.Array, Any]:
-        """One decoder pass: tokens and absolute positions [B, L] -> (logits [B, L, V], cache)."""
+        """One decoder pass: tokens and absolute positions [B, L] -> (logits [B, L, V], cache);
+        attention through `cache_mask(positions, state.index, S, ancestors)`."""
         raise NotImplementedError
 
 
@@ -197,15 +221,68 @@ def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Ar
     return jax.vmap(one_row)(buffer, update, index)
 
 
-def query_positions(index: jax.Array, length: int) -> jax.Array:
-    """Absolute positions [B, L] of L tokens appended at per-row offsets index [B]."""
-    return index[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+def query_positions(
+    index: jax.Array, length: int, ancestors: np.ndarray | None = None
+) -> jax.Array:
+    """Absolute positions [B, L] of L tokens appended at per-row offsets index [B]: consecutive,
+    or index + depth for a tree (depth = number of ancestors, the token itself excluded)."""
+    if ancestors is None:
+        offsets = np.arange(length)
+    else:
+        offsets = np.asarray(ancestors, bool).sum(axis=1) - 1
+    return index[:, None] + jnp.asarray(offsets, jnp.int32)[None, :]
 
 
 def causal_cache_mask(positions: jax.Array, cache_len: int) -> jax.Array:
     """Boolean mask [B, 1, L, S]: query at absolute position t sees cache slots 0..t."""
     slots = jnp.arange(cache_len, dtype=jnp.int32)
     return slots[None, None, None, :] <= positions[:, None, :, None]
+
+
+def cache_mask(
+    positions: jax.Array, index: jax.Array, cache_len: int, ancestors: np.ndarray | None = None
+) -> jax.Array:
+    """Boolean mask [B, 1, L, S] of the L tokens written at index [B]: causal by position, or for
+    a tree, the slots before index plus the token's own ancestors' slots (index + j, A[i, j])."""
+    if ancestors is None:
+        return causal_cache_mask(positions, cache_len)
+    length = positions.shape[1]
+    offset = jnp.arange(cache_len, dtype=jnp.int32)[None, :] - index[:, None]  # [B, S]
+    in_block = (offset >= 0) & (offset < length)
+    seen = jnp.asarray(ancestors, bool)[:, jnp.clip(offset, 0, length - 1)]  # [L, B, S]
+    mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & jnp.swapaxes(seen, 0, 1))
+    return mask[:, None]
+
+
+def key_positions(positions: jax.Array, index: jax.Array, cache_len: int) -> jax.Array:
+    """[B, S] absolute position of every cache slot after the L tokens at `positions` [B, L] are
+    written at index [B]: the slot itself, except the block's slots, which hold those tokens."""
+    length = positions.shape[1]
+    slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
+    offset = slots - index[:, None]
+    in_block = (offset >= 0) & (offset < length)
+    written = jnp.take_along_axis(positions, jnp.clip(offset, 0, length - 1), axis=1)
+    return jnp.where(in_block, written, slots)
+
+
+def keep_path(state: DecodeState, start: jax.Array, path: jax.Array) -> DecodeState:
+    """Moves the cache entries of an accepted tree path into consecutive slots.
+
+    Args:
+      state: a decode state whose cache holds a scored tree at slots start .. start + L - 1.
+      start: [B] the tree root's slot.
+      path: [B, P] offsets (within the tree) of the tokens to keep, root first (path[:, 0] = 0);
+        offsets past a row's accepted length may be anything in 0..L-1 (their slots stay stale).
+    Returns:
+      state whose slots start + k hold what start + path[:, k] held (the index is unchanged).
+    """
+    slots = start[:, None] + path  # [B, P]
+
+    def move(buffer: jax.Array) -> jax.Array:  # [B, K, S, D]
+        kept = jnp.take_along_axis(buffer, slots[:, None, :, None], axis=2)
+        return write_kv(buffer, kept, start)
+
+    return state.replace(cache=jax.tree_util.tree_map(move, state.cache))
 
 
 def write_kv(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:

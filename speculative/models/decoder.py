@@ -192,7 +192,7 @@ class DecoderStack(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, tokens, positions, cache, index):
+    def __call__(self, tokens, positions, cache, index, ancestors=None):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         embedder = nn.Embed(
@@ -204,7 +204,7 @@ class DecoderStack(nn.Module):
             name="token_embedder",
         )
         x = embedder(tokens).astype(dtype)
-        mask = base.causal_cache_mask(positions, cache["layers_0"]["key"].shape[2])
+        mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         new_cache = {}
         for i in range(cfg.num_layers):
             name = f"layers_{i}"
@@ -344,5 +344,7 @@ class DecoderLM(base.ConfiguredModel):
         )
         return DecodeState(cache=cache, index=jnp.zeros((prompt.shape[0],), jnp.int32))
 
-    def apply_decoder(self, params, state, tokens, positions):
-        return self.module.apply({"params": params}, tokens, positions, state.cache, state.index)
+    def apply_decoder(self, params, state, tokens, positions, ancestors=None):
+        return self.module.apply(
+            {"params": params}, tokens, positions, state.cache, state.index, ancestors
+        )

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative.models.base import DecodeState, LanguageModel, Params
 
@@ -44,9 +45,13 @@ class PaddingMasked:
         return self.width
 
     def extend(
-        self, params: Params, state: DecodeState, tokens: jax.Array
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        ancestors: np.ndarray | None = None,
     ) -> tuple[jax.Array, DecodeState]:
-        logits, state = self.model.extend(params, state, tokens)
+        logits, state = self.model.extend(params, state, tokens, ancestors)
         logits = logits[..., : self.width]
         ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
         return jnp.where(ids < self.used, logits, -jnp.inf), state

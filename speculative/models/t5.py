@@ -154,15 +154,21 @@ class Decoder(_Stack):
     def cross_kv(self, encoded: jax.Array) -> dict[str, dict[str, jax.Array]]:
         return {f"layers_{i}": layer.cross_kv(encoded) for i, layer in enumerate(self.layers)}
 
-    def __call__(self, tokens, positions, encoder_mask, cross, cache, index):
+    def __call__(self, tokens, positions, encoder_mask, cross, cache, index, ancestors=None):
         """tokens, positions [B, L] -> logits [B, L, V] float32 and the updated cache (or None).
 
         cache None: the L tokens are the whole decoder sequence at positions 0..L-1.
+        ancestors: a static [L, L] token tree (models/base.py), or None for a causal block.
         """
         cfg = self.config
         key_len = tokens.shape[1] if cache is None else cache["layers_0"]["key"].shape[2]
-        self_mask = base.causal_cache_mask(positions, key_len)  # [B, 1, L, S]
-        self_bias = self.relpos_bias(positions, key_len)  # [B, H, L, S]
+        if ancestors is None:
+            self_mask = base.causal_cache_mask(positions, key_len)  # [B, 1, L, S]
+            self_bias = self.relpos_bias(positions, key_len)  # [B, H, L, S]
+        else:  # a tree: keys of the block sit at their tokens' depths, not at their slots
+            self_mask = base.cache_mask(positions, index, key_len, ancestors)
+            keys = base.key_positions(positions, index, key_len)
+            self_bias = self.relpos_bias(positions, key_len, keys)
         cross_mask = encoder_mask[:, None, None, :]
         x = self.embedder(tokens)
         new_cache = None if cache is None else {}
@@ -198,9 +204,9 @@ class T5Module(nn.Module):
         encoded = self.encoder(encoder_tokens)
         return {"encoder_mask": encoder_tokens > 0, "cross": self.decoder.cross_kv(encoded)}
 
-    def decode(self, tokens, positions, extras, cache, index):
+    def decode(self, tokens, positions, extras, cache, index, ancestors=None):
         return self.decoder(
-            tokens, positions, extras["encoder_mask"], extras["cross"], cache, index
+            tokens, positions, extras["encoder_mask"], extras["cross"], cache, index, ancestors
         )
 
     def __call__(self, encoder_tokens: jax.Array, decoder_tokens: jax.Array) -> jax.Array:
@@ -274,7 +280,7 @@ class T5(base.ConfiguredModel):
         index = jnp.zeros((tokens.shape[0],), jnp.int32)
         return DecodeState(cache=cache, index=index, extras=extras)
 
-    def apply_decoder(self, params, state, tokens, positions):
+    def apply_decoder(self, params, state, tokens, positions, ancestors=None):
         return self.module.apply(
             {"params": params},
             tokens,
@@ -282,5 +288,6 @@ class T5(base.ConfiguredModel):
             state.extras,
             state.cache,
             state.index,
+            ancestors,
             method=T5Module.decode,
         )

@@ -160,8 +160,14 @@ class RelativePositionBias(nn.Module):
     bidirectional: bool
 
     @nn.compact
-    def __call__(self, query_positions: jax.Array, key_len: int) -> jax.Array:
-        """query_positions [B, L] (absolute) against key slots 0..key_len-1 -> bias [B, H, L, S]."""
+    def __call__(
+        self, query_positions: jax.Array, key_len: int, key_positions: jax.Array | None = None
+    ) -> jax.Array:
+        """query_positions [B, L] (absolute) against key slots 0..key_len-1 -> bias [B, H, L, S].
+
+        key_positions: [B, S] the keys' absolute positions when they are not their slots (a token
+        tree, `models.base.key_positions`); positions stay within 0..key_len-1.
+        """
         cfg = self.config
         init = nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("heads", "relpos_buckets")
@@ -173,7 +179,8 @@ class RelativePositionBias(nn.Module):
         buckets = jnp.asarray(
             relative_position_bucket(offsets, self.bidirectional, cfg.num_buckets, cfg.max_distance)
         )
-        relative = jnp.arange(key_len)[None, None, :] - query_positions[:, :, None]  # [B, L, S]
+        keys = jnp.arange(key_len)[None, :] if key_positions is None else key_positions
+        relative = keys[:, None, :] - query_positions[:, :, None]  # [B, L, S]
         bucket = buckets[relative + key_len - 1]
         bias = jnp.take(table, bucket, axis=1)  # [H, B, L, S]
         return jnp.moveaxis(bias, 0, 1).astype(jnp.dtype(cfg.dtype))
