@@ -21,6 +21,7 @@ import gin
 from speculative import configurables, distributed, inputs, model_loading, partitioning  # noqa: F401
 from speculative.decoding import GammaPolicy
 from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
+from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 
@@ -41,6 +42,8 @@ class InferConfig:
     lenience: l in (0, 1] of the acceptance rule; 1 is exact, l < 1 is lossy (rows say exact: false).
     acceptance: the rule that keeps draft tokens: 'token' (the paper's, default) or 'block' (block
       verification: exact, never fewer tokens accepted; needs lenience 1).
+    tree: None (a chain of gamma drafts), or a token tree proposed each round: widths per depth
+      such as (4, 2, 2, 1, 1), or {'parents': (...)} (`decoding.tree`); gamma is then its depth.
     gamma: draft tokens per round (an int >= 1), or 'auto': `speculative.planner` picks gamma, or
       plain decoding, from alpha on a warm-up decode of batch 0 at planner_warmup_gamma and the
       step / verify costs measured at batch_size, scoring each of planner_gammas (ignored with
@@ -68,6 +71,7 @@ class InferConfig:
     planner_warmup_gamma: int = 4
     lenience: float = 1.0
     acceptance: str = "token"
+    tree: Any = None
     sampling: SamplingConfig = SamplingConfig()
     batch_size: int = 1
     feature_lengths: Mapping[str, int] = dataclasses.field(
@@ -187,6 +191,8 @@ class Variant:
     gamma_policy: `decoding.GammaPolicy`. gammas: None = BenchmarkConfig.gammas. temperatures:
     the cells it runs in (None: all of BenchmarkConfig.temperatures; a subset of them).
     acceptance: 'token' (the paper's rule) or 'block' (block verification; lenience 1).
+    tree: None (chains), or a token tree (widths per depth, e.g. (4, 2, 2, 1, 1)); its depth is
+    then the variant's one gamma.
     """
 
     name: str = gin.REQUIRED
@@ -194,6 +200,7 @@ class Variant:
     lenience: float = 1.0
     gamma_policy: GammaPolicy = GammaPolicy()
     acceptance: str = "token"
+    tree: Any = None
     gammas: Sequence[int] | None = None
     temperatures: Sequence[float] | None = None
 
@@ -209,6 +216,22 @@ def check_lenience(lenience: Any) -> None:
             f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
             "samples of the target (rows and summaries say exact: false)"
         )
+
+
+def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> TreeShape | None:
+    """The TreeShape TREE names (None: chains), or a JobError saying why it cannot be used."""
+    if tree is None:
+        return None
+    try:
+        shape = TreeShape.parse(tree)
+    except ValueError as e:
+        raise JobError(f"TREE: {e}") from None
+    if acceptance != "token" or lenience != 1 or gamma_policy != GammaPolicy():
+        raise JobError(
+            f"TREE is verified by the exact tree rule: it needs ACCEPTANCE 'token', LENIENCE 1 and "
+            f"the fixed GAMMA_POLICY, got {acceptance!r}, {lenience}, {gamma_policy}"
+        )
+    return shape
 
 
 def check_acceptance(acceptance: Any, lenience: Any) -> None:

@@ -25,6 +25,12 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
 
 
+def speedup_from_tau(tau: float, gamma: int, c: float) -> float:
+    """Theorem 3.8's accounting with measured tokens per call tau in place of Eq. 1: a token
+    tree's tau has no closed form in alpha. gamma: draft steps per round (a tree's depth)."""
+    return tau / (gamma * c + 1.0)
+
+
 def cost_model_speedup(
     tau: float, gamma: int, target_step_s: float, draft_step_s: float, verify_s: float
 ) -> float:

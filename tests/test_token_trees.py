@@ -23,6 +23,7 @@ from speculative import decoding, tree_verification
 from speculative.decoding.tree import TreeShape, siblings
 from speculative.drafts.ngram import NgramDrafter
 from speculative.drafts.prompt_lookup import PromptLookupDrafter
+from speculative.errors import JobError
 from speculative.models import base
 from speculative.sampling import SamplingConfig
 from tests import helpers
@@ -299,3 +300,67 @@ def test_tree_greedy_t5_is_plain_greedy():
         )
         np.testing.assert_array_equal(out.tokens, ref.tokens)
     assert np.asarray(out.stats.accepted).sum() > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The jobs: TREE in the infer job, tree variants in the benchmark.
+
+
+def test_infer_job_with_a_tree(tmp_path, monkeypatch):
+    monkeypatch.chdir(helpers.ROOT)
+    _infer = helpers.tiny_infer
+    plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
+    rows, summary = _infer(tmp_path, "tree", "--gin.TREE=(3, 2, 1)")
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
+    assert summary["tree"] == [0, 0, 0, 1, 1, 4] and summary["gamma"] == 3
+    lookup, _ = _infer(
+        tmp_path, "lookup", "--gin_file=configs/drafts/prompt_lookup.gin", "--gin.TREE=(2, 2)"
+    )
+    assert [r["output_ids"] for r in lookup] == [r["output_ids"] for r in plain]
+    # Another tree in the same OUTPUT_DIR is another job: refused, not resumed.
+    with pytest.raises(JobError, match="tree"):
+        _infer(tmp_path, "tree", "--gin.TREE=(2, 1)")
+    for flags, match in [
+        (["--gin.TREE=(3, 0)"], "TREE: tree widths must be integers >= 1"),
+        (["--gin.TREE=(2, 1)", "--gin.ACCEPTANCE='block'"], "TREE is verified by the exact"),
+        (["--gin.TREE=(2, 1)", "--gin.GAMMA='auto'"], "GAMMA = 'auto' plans chains"),
+        (["--gin.TREE={'parents': (0, 0, 2)}"], "cannot propose a tree parents"),
+    ]:
+        with pytest.raises(JobError, match=match) as e:
+            _infer(tmp_path, "bad", *flags)
+        assert "\n" not in str(e.value)
+
+
+CHAIN_VS_TREE_GIN = """
+VARIANTS = [@chain/speculative.Variant(), @tree/speculative.Variant()]
+chain/speculative.Variant.name = 'chain'
+tree/speculative.Variant:
+  name = 'tree'
+  tree = (3, 2)
+"""
+
+
+def test_benchmark_sweeps_a_tree_against_a_chain(tmp_path, monkeypatch):
+    from speculative import benchmark
+
+    monkeypatch.chdir(helpers.ROOT)
+    variants = tmp_path / "variants.gin"
+    variants.write_text(CHAIN_VS_TREE_GIN)
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", ["abcabcabc", "Hello, Hello"])
+    result = benchmark.main(
+        [
+            "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/demo/tiny_random_models.gin",
+            f"--gin_file={variants}", f"--gin.INPUT_FILE='{inputs}'",
+            f"--gin.OUTPUT_DIR='{tmp_path / 'bench'}'", "--gin.GAMMAS=[3]",
+            "--gin.TEMPERATURES=[0.0, 1.0]", "--gin.BATCH_SIZES=[2]", "--gin.REPEATS=1",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+            "--gin.COMPILATION_CACHE_DIR=None",
+        ]
+    )  # fmt: skip
+    for cell in result["cells"]:
+        points = {p["variant"]: p for p in cell["points"]}
+        assert points["chain"]["tree"] is None and points["chain"]["gamma"] == 3
+        assert points["tree"]["tree"] == [0, 0, 0, 1, 1] and points["tree"]["gamma"] == 2
+        assert len(points["tree"]["acceptance_by_position"]) == 2
+        if cell["temperature"] == 0.0:
+            assert points["tree"]["greedy_identical_to_plain"] is True

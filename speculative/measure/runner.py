@@ -56,6 +56,9 @@ class Decoder:
         drafter = None if self.draft is None else decoding.as_drafter(self.draft)
         if drafter is not None:
             drafter.check_target(self.target)
+            tree = self.config.tree
+            if tree is not None and not drafter.grows_tree(tree):
+                raise ValueError(f"this draft cannot propose a {tree.describe()}")
         object.__setattr__(self, "drafter", drafter)
 
     @property

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from speculative import decoding, inputs
+from speculative.errors import JobError
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import runner, timing
@@ -92,11 +93,14 @@ def cell_programs(
         for gamma in v.gammas:
             config = dataclasses.replace(
                 plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy,
-                acceptance=v.acceptance,
+                acceptance=v.acceptance, tree=v.tree,
             )  # fmt: skip
-            programs[(v.name, gamma)] = runner.Decoder(
-                target.model, target.params, config, draft.model, draft.params, partitioner
-            )
+            try:
+                programs[(v.name, gamma)] = runner.Decoder(
+                    target.model, target.params, config, draft.model, draft.params, partitioner
+                )
+            except ValueError as e:  # e.g. a tree this draft cannot grow
+                raise JobError(f"variant {v.name!r}: {e}") from None
     return programs
 
 
@@ -129,11 +133,9 @@ def step_costs(setup: Setup, s: Settings, batch: dict[str, jax.Array]) -> dict[s
     verify calls at every gamma (timed once, whatever the drafts), and per distinct draft its step
     and c ("draft_costs"); draft_step_s and c at the top are the first draft's."""
     target, gammas = setup.target, s.sweep.gammas
-    cache_len = target.model.cache_length(
-        setup.width, s.inputs.max_decode_len, timing.verify_tokens(max(gammas))
-    )
+    verify = list(s.sweep.verify_lengths)
+    cache_len = target.model.cache_length(setup.width, s.inputs.max_decode_len, max(verify))
     draft_config = decoding.DecodeConfig(s.inputs.max_decode_len, setup.stop_ids, gamma=max(gammas))
-    verify = [timing.verify_tokens(g) for g in gammas]
     target_side = timing.target_costs(target.model, target.params, batch, cache_len, verify)
     step = target_side["target_step_s"]
     draft_costs = []

@@ -12,7 +12,7 @@ import numpy as np
 from speculative import metrics
 from speculative.job_config import Variant
 from speculative.jobs.benchmark.harness import Timed
-from speculative.measure import timing
+from speculative.jobs.benchmark.settings import verify_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,10 @@ class Point:
     a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
     alone, gamma draft steps + one verify call + the round's sampling work.
     greedy_identical_to_plain: None unless greedy and exact.
-    variant / draft / lenience / exact / gamma_policy / acceptance: the speculative setting
-      (`Variant`);
+    variant / draft / lenience / exact / gamma_policy / acceptance / tree: the speculative setting
+      (`Variant`; tree: its nodes' parents, gamma its depth, acceptance_by_position per depth,
+      predicted_speedup Thm 3.8's accounting with the measured tau, round_parts_s without the
+      sampling work);
     c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
     generated token of these outputs (None unless BenchmarkConfig.score_outputs).
     """
@@ -61,6 +63,7 @@ class Point:
     exact: bool = True
     gamma_policy: dict[str, Any] = dataclasses.field(default_factory=dict)
     acceptance: str = "token"
+    tree: list[int] | None = None
     c: float = float("nan")
     draft_step_s: float = float("nan")
     target_mean_logprob: float | None = None
@@ -106,6 +109,13 @@ def make_point(
     plain_decode_s = plain.seconds - target_prefill_s
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
     rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
+    verify_s = costs["target_extend_s"][verify_tokens(variant, gamma)]
+    if variant.tree is None:
+        predicted = metrics.predicted_speedup(summary["alpha"], gamma, costs["c"])
+        sampling_s = costs.get("sampling_round_s", {}).get(gamma, 0.0)
+    else:  # no closed form in alpha; no sampling timing for a tree's round
+        predicted = metrics.speedup_from_tau(summary["tau"], gamma, costs["c"])
+        sampling_s = 0.0
     return Point(
         gamma=gamma,
         alpha=summary["alpha"],
@@ -125,18 +135,12 @@ def make_point(
         speculative_compile_s=spec.compile_s,
         speedup=spec_tok_s / plain_tok_s,
         decode_speedup=(plain_decode_s / plain.tokens) / (spec_decode_s / spec.tokens),
-        predicted_speedup=metrics.predicted_speedup(summary["alpha"], gamma, costs["c"]),
+        predicted_speedup=predicted,
         cost_model_speedup=metrics.cost_model_speedup(
-            summary["tau"],
-            gamma,
-            costs["target_step_s"],
-            costs["draft_step_s"],
-            costs["target_extend_s"][timing.verify_tokens(gamma)],
+            summary["tau"], gamma, costs["target_step_s"], costs["draft_step_s"], verify_s
         ),
         round_s=spec_decode_s / max(rounds, 1),
-        round_parts_s=gamma * costs["draft_step_s"]
-        + costs["target_extend_s"][timing.verify_tokens(gamma)]
-        + costs.get("sampling_round_s", {}).get(gamma, 0.0),
+        round_parts_s=gamma * costs["draft_step_s"] + verify_s + sampling_s,
         greedy_identical_to_plain=greedy_identical(plain, spec, greedy, variant),
         variant=variant.name,
         draft=draft,
@@ -144,6 +148,7 @@ def make_point(
         exact=float(variant.lenience) == 1.0,
         gamma_policy=dataclasses.asdict(variant.gamma_policy),
         acceptance=variant.acceptance,
+        tree=None if variant.tree is None else list(variant.tree.parents),
         c=costs["c"],
         draft_step_s=costs["draft_step_s"],
         target_mean_logprob=logprob,

@@ -63,6 +63,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
         try:
             job_config.check_lenience(v.lenience)
             job_config.check_acceptance(v.acceptance, v.lenience)
+            job_config.check_tree(v.tree, v.acceptance, v.lenience, v.gamma_policy)
         except JobError as e:
             raise JobError(f"variant {v.name!r}: {e}") from None
         if not isinstance(v.gamma_policy, decoding.GammaPolicy):
@@ -104,12 +105,31 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
         dataclasses.replace(
             v,
             draft=cfg.draft if v.draft is None else v.draft,
-            gammas=tuple(cfg.gammas if v.gammas is None else v.gammas),
+            gammas=_gammas(cfg, v),
+            tree=tree_of(v),
             temperatures=None if v.temperatures is None else tuple(map(float, v.temperatures)),
         )
         for v in cfg.variants
     ]
     return [v for v in filled if any(runs_at(v, t) for t in cfg.temperatures)]
+
+
+def tree_of(variant: Variant) -> decoding.TreeShape | None:
+    """The variant's token tree (None: chains)."""
+    return None if variant.tree is None else decoding.TreeShape.parse(variant.tree)
+
+
+def _gammas(cfg: BenchmarkConfig, variant: Variant) -> tuple[int, ...]:
+    """A tree variant runs at its depth alone; a chain at its gammas (or GAMMAS)."""
+    tree = tree_of(variant)
+    if tree is not None:
+        return (tree.depth,)
+    return tuple(cfg.gammas if variant.gammas is None else variant.gammas)
+
+
+def verify_tokens(variant: Variant, gamma: int) -> int:
+    """Tokens a verify call of `variant` at `gamma` scores: a tree's nodes + 1, or gamma + 1."""
+    return gamma + 1 if variant.tree is None else variant.tree.size + 1
 
 
 def runs_at(variant: Variant, temperature: float) -> bool:
@@ -169,6 +189,11 @@ class Sweep:
     @property
     def max_gamma(self) -> int:
         return max(self.gammas)
+
+    @property
+    def verify_lengths(self) -> tuple[int, ...]:
+        """Every verify call length the sweep runs (the step costs time each once), sorted."""
+        return tuple(sorted({verify_tokens(v, g) for v in self.variants for g in v.gammas}))
 
     def at(self, temperature: float) -> list[Variant]:
         """The variants that run in a cell at `temperature`."""

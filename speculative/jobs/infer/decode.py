@@ -39,7 +39,10 @@ class Models:
         target = (self.target.model, self.target.params, config)
         if self.draft is None:
             return runner.Decoder(*target, partitioner=partitioner)
-        return runner.Decoder(*target, self.draft.model, self.draft.params, partitioner)
+        try:
+            return runner.Decoder(*target, self.draft.model, self.draft.params, partitioner)
+        except ValueError as e:  # e.g. a TREE this draft cannot grow
+            raise JobError(f"draft: {e}") from None
 
     def plain(self) -> Models:
         return dataclasses.replace(self, draft=None)
@@ -184,6 +187,8 @@ def memory_report(
 ) -> str:
     """`memory.job_report` for the job at `gamma` (None: plain decoding)."""
     draft = common.model_of(models.draft) if models.draft is not None else None
+    if s.tree is not None:  # the cache holds a whole tree's block, its nodes + 1
+        gamma = s.tree.size
     partitioner = s.models.partitioner
     return memory.job_report(
         models.target.model,

@@ -124,7 +124,11 @@ def job_summary(
         "truncated_inputs": sum("truncated_from" in r for r in rows),
         "this_run": stats.to_json(),
     }
-    if costs and "alpha" in summary:
+    if costs and "alpha" in summary and s.tree is not None:
+        # Thm 3.8's accounting with the tree's measured tokens per call (no closed form in alpha)
+        tau = summary["tau"]
+        summary.update(costs, predicted_speedup=metrics.speedup_from_tau(tau, s.gamma, costs["c"]))
+    elif costs and "alpha" in summary:
         alpha = summary["alpha"]
         summary.update(
             costs,

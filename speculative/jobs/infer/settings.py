@@ -35,6 +35,8 @@ def validate(cfg: InferConfig) -> None:
     check_gamma(cfg)
     job_config.check_lenience(cfg.lenience)
     job_config.check_acceptance(cfg.acceptance, cfg.lenience)
+    if cfg.speculative:
+        check_tree(cfg)
     if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
     lengths = dict(cfg.feature_lengths)
@@ -74,6 +76,17 @@ def check_gamma(cfg: InferConfig) -> None:
         )
     if cfg.multi_host:  # every host would have to time the models and agree on one choice
         raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
+
+
+def check_tree(cfg: InferConfig) -> None:
+    """Raises JobError for a TREE the job cannot use; says that the tree's depth is the gamma."""
+    tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
+    if tree is None:
+        return
+    if cfg.gamma == "auto":
+        raise JobError("GAMMA = 'auto' plans chains; bind an integer GAMMA (or none) with TREE")
+    if cfg.gamma != tree.depth:
+        print(f"TREE: {tree.describe()} proposes up to {tree.depth} tokens a round (GAMMA unused)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -130,6 +143,7 @@ class Speculation:
     acceptance: str
     separate_model: bool
     planning: Planning | None = None
+    tree: decoding.TreeShape | None = None
 
     @property
     def planned(self) -> bool:
@@ -194,6 +208,11 @@ class Settings:
         """The acceptance rule ('token' for plain decoding, which verifies nothing)."""
         return "token" if self.speculation is None else self.speculation.acceptance
 
+    @property
+    def tree(self) -> decoding.TreeShape | None:
+        """The token tree proposed each round (None: chains, or plain decoding)."""
+        return None if self.speculation is None else self.speculation.tree
+
     def with_plan(self, plan: planner.Plan) -> Settings:
         """The settings that decode: the planned gamma, or plain decoding (as SPECULATIVE = False)."""
         if plan.gamma is None:
@@ -212,6 +231,7 @@ class Settings:
             gamma=None if gamma == "auto" else gamma,
             lenience=self.lenience,
             acceptance=self.acceptance,
+            tree=self.tree,
             gamma_policy=self.speculation.gamma_policy
             if self.speculative
             else decoding.GammaPolicy(),
@@ -224,10 +244,12 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
     planning = None
     if cfg.gamma == "auto":
         planning = Planning(tuple(int(g) for g in cfg.planner_gammas), cfg.planner_warmup_gamma)
+    tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
     return Speculation(
         draft=cfg.draft,
         draft_vocabulary=cfg.draft_vocabulary,
-        gamma=cfg.gamma,
+        gamma=cfg.gamma if tree is None else tree.depth,
+        tree=tree,
         gamma_policy=cfg.gamma_policy,
         lenience=float(cfg.lenience),
         acceptance=cfg.acceptance,
@@ -257,6 +279,7 @@ def describe(s: Settings) -> dict[str, Any]:
         "gamma": s.gamma,
         # only when not the paper's rule, so earlier output dirs keep resuming
         **({"acceptance": s.acceptance} if s.acceptance != "token" else {}),
+        **({"tree": list(s.tree.parents)} if s.tree is not None else {}),
     }
 
 
