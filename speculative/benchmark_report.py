@@ -129,6 +129,18 @@ def has_variants(result: Mapping[str, Any]) -> bool:
     return any("variants" in cell for cell in result["cells"])
 
 
+def shape_label(point: Mapping[str, Any]) -> str:
+    """ "5" for a chain at gamma 5, "tree 2-2-1-1-1" for a tree (its widths per depth)."""
+    parents = point.get("tree")
+    if not parents:
+        return str(point["gamma"])
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent] + 1)
+    widths = [depths.count(d) for d in range(1, max(depths) + 1)]
+    return "tree " + "-".join(map(str, widths))
+
+
 def variant_table(result: Mapping[str, Any]) -> str:
     """Markdown, one row per (cell, variant, gamma): the variants side by side against the shared
     plain baseline, with the target's mean log-prob of their outputs when it was scored."""
@@ -149,7 +161,8 @@ def variant_table(result: Mapping[str, Any]) -> str:
             same = {True: "yes", False: "NO", None: ""}[p.get("greedy_identical_to_plain")]
             lines.append(
                 f"| {cell['batch_size']} | {p.get('variant', '')} | {_sampling_label(cell)} "
-                f"| {p['gamma']} | {p['alpha']:.3f} | {p['tau']:.2f} | {p.get('c', cell['c']):.3f} "
+                f"| {shape_label(p)} | {p['alpha']:.3f} | {p['tau']:.2f} "
+                f"| {p.get('c', cell['c']):.3f} "
                 f"| {p['speedup']:.2f}x | {p.get('decode_speedup', float('nan')):.2f}x "
                 f"| {p['predicted_speedup']:.2f}x | {same} | {'yes' if p.get('exact', True) else 'NO'} "
                 f"| {'' if logprob is None else f'{logprob:.3f}'} |"
