@@ -11,7 +11,9 @@ Every program decodes every prompt before the next prompt starts (interleaved), 
 machine's speed hit all of them alike. Load and compile times are reported apart. Greedy outputs of
 every program are compared token for token with Hugging Face's plain greedy output. Hugging Face's
 assisted generation runs with its defaults (a dynamic number of assistant tokens) and with a
-constant `num_assistant_tokens` from --hf_assistant_tokens; the best of them is the anchor.
+constant `num_assistant_tokens` from --hf_assistant_tokens, and its prompt-lookup decoding runs
+with `prompt_lookup_num_tokens` from --hf_prompt_lookup_tokens; the best of them is the anchor
+("HF best").
 Writes compare_hf.json and compare_hf.md under --out.
 """
 
@@ -126,7 +128,8 @@ class HuggingFace:
         self.calls += 1
 
     def run(self, assistant_tokens, ids, sampling: SamplingConfig, stop_ids, seed, warm):
-        """assistant_tokens: None (plain), "default" or an int (constant schedule)."""
+        """assistant_tokens: None (plain), "default", an int (constant schedule) or ("lookup", n)
+        (prompt-lookup decoding proposing n tokens, no assistant model)."""
         torch = self.torch
         kwargs: dict[str, Any] = dict(
             max_new_tokens=self.args.max_new_tokens,
@@ -140,7 +143,9 @@ class HuggingFace:
                 do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0
             )
             kwargs.update(top_p=sampling.top_p)
-        if assistant_tokens is not None:
+        if isinstance(assistant_tokens, tuple):  # ("lookup", n)
+            kwargs["prompt_lookup_num_tokens"] = int(assistant_tokens[1])
+        elif assistant_tokens is not None:
             kwargs["assistant_model"] = self.draft
             if assistant_tokens != "default":
                 self.draft.generation_config.num_assistant_tokens = int(assistant_tokens)
@@ -199,6 +204,9 @@ def run(args) -> dict[str, Any]:
     ]
     programs += [("hf plain", "hf", None), ("hf assisted default", "hf", "default")]
     programs += [(f"hf assisted {n}", "hf", n) for n in args.hf_assistant_tokens]
+    programs += [
+        (f"hf prompt lookup {n}", "hf", ("lookup", n)) for n in args.hf_prompt_lookup_tokens
+    ]
     cells = []
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
@@ -265,7 +273,8 @@ def _summarize(temperature, programs, rows) -> dict[str, Any]:
         plain = table["ours plain" if entry["side"] == "ours" else "hf plain"]
         entry["speedup_over_own_plain"] = entry["tok_s"] / plain["tok_s"]
         entry["speedup_over_hf_plain"] = entry["tok_s"] / table["hf plain"]["tok_s"]
-    hf_assisted = {n: e for n, e in table.items() if n.startswith("hf assisted")}
+    # HF best: its assisted generation (default and fixed lengths) and its prompt lookup
+    hf_assisted = {n: e for n, e in table.items() if e["side"] == "hf" and n != "hf plain"}
     best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
     ours_spec = {n: e for n, e in table.items() if n.startswith("ours speculative")}
     best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
@@ -286,7 +295,7 @@ def _summarize(temperature, programs, rows) -> dict[str, Any]:
 def _markdown(cell: dict[str, Any]) -> str:
     lines = [
         f"\nTemperature {cell['temperature']}, batch 1: best ours ({cell['best_ours_speculative']})"
-        f" / best HF assisted ({cell['best_hf_assisted']}) = "
+        f" / best HF, assisted or prompt lookup ({cell['best_hf_assisted']}) = "
         f"{cell['ours_over_best_hf_assisted']:.2f}x",
         "",
         "| program | tok/s | over own plain | over HF plain | tokens / target call | alpha "
@@ -318,6 +327,13 @@ def main() -> None:
         help="our draft's head: 0 = all ids, N = a shortlist of N (drafts/shortlist.py)",
     )
     parser.add_argument("--hf_assistant_tokens", type=int, nargs="+", default=[3, 5, 8])
+    parser.add_argument(
+        "--hf_prompt_lookup_tokens",
+        type=int,
+        nargs="*",
+        default=[10],
+        help="prompt_lookup_num_tokens values of HF's prompt-lookup decoding (none: skip it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/compare_hf")
     args = parser.parse_args()

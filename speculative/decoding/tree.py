@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.sampling import SamplingConfig, process_logits
+from speculative.sampling import SamplingConfig, greedy_tokens, process_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,19 +150,32 @@ def siblings(
     Drawing by Gumbel top-k is sequential sampling without replacement (Kool et al., 2019).
     """
     if sampling.greedy:
-        tokens = jax.lax.top_k(logits, width)[1].astype(jnp.int32)
+        tokens = top_distinct(logits, width)
         hot = jax.nn.one_hot(tokens, logits.shape[-1], dtype=jnp.bool_)
         return tokens, jnp.where(hot, 0.0, -jnp.inf).astype(jnp.float32)
     log_q = process_logits(logits, sampling)  # [B, V]
     gumbel = jax.random.gumbel(rng, log_q.shape, jnp.float32)
-    tokens = jax.lax.top_k(jnp.where(jnp.isfinite(log_q), log_q + gumbel, -jnp.inf), width)[1]
-    tokens = tokens.astype(jnp.int32)
+    tokens = top_distinct(jnp.where(jnp.isfinite(log_q), log_q + gumbel, -jnp.inf), width)
     taken = jnp.cumsum(jax.nn.one_hot(tokens, log_q.shape[-1], dtype=jnp.int32), axis=1)
     earlier = jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken[:, :-1]], axis=1) > 0
     remaining = jnp.where(earlier, -jnp.inf, log_q[:, None, :])  # [B, W, V]
     norm = jax.nn.logsumexp(remaining, axis=-1, keepdims=True)
     log_q_each = jnp.where(jnp.isfinite(norm), remaining - norm, -jnp.inf)
     return tokens, log_q_each.astype(jnp.float32)
+
+
+def top_distinct(scores: jax.Array, width: int) -> jax.Array:
+    """[B, V] -> [B, W] int32 the indices of the W largest scores, largest first (ties: lowest
+    index), by W argmax passes. `lax.top_k` with k > 1 cost ~17 ms a call at V = 152k inside the
+    draft's scan on XLA:CPU (0.2 ms standalone); W passes cost under 1 ms. Past the finite
+    scores a row repeats indices (their q is 0, so the tree rule skips them)."""
+    rows = jnp.arange(scores.shape[0])
+    picked = []
+    for _ in range(width):
+        best = greedy_tokens(scores)
+        picked.append(best)
+        scores = scores.at[rows, best].set(-jnp.inf)
+    return jnp.stack(picked, axis=1)
 
 
 def grow_first_child_tree(
