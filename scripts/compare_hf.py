@@ -74,10 +74,12 @@ class Ours:
         return inputs.decoder_batch([ids], pad_to=self.width)
 
     def run(self, name, program, ids, sampling, seed):
-        gamma, short = program if program is not None else (None, None)
+        """program: None (plain) or (gamma, draft shortlist, tree widths or None)."""
+        gamma, short, tree = program if program is not None else (None, None, None)
         config = decoding.DecodeConfig(
-            self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma
+            self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma, tree=tree
         )
+        gamma = config.gamma
         batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
         key = (name, config)
         if key not in self.compiled:  # compile once per program, warm up once, both untimed
@@ -198,9 +200,22 @@ def run(args) -> dict[str, Any]:
 
     programs: list[tuple[str, str, Any]] = [("ours plain", "ours", None)]
     programs += [
-        (f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else ""), "ours", (g, s))
+        (
+            f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else ""),
+            "ours",
+            (g, s, None),
+        )
         for s in args.draft_shortlists
         for g in args.gammas
+    ]
+    programs += [
+        (
+            f"ours speculative tree {t}" + (f", draft shortlist {s}" if s else ""),
+            "ours",
+            (None, s, t),
+        )
+        for s in args.draft_shortlists
+        for t in (tuple(int(w) for w in text.split(",")) for text in args.trees)
     ]
     programs += [("hf plain", "hf", None), ("hf assisted default", "hf", "default")]
     programs += [(f"hf assisted {n}", "hf", n) for n in args.hf_assistant_tokens]
@@ -327,6 +342,12 @@ def main() -> None:
         help="our draft's head: 0 = all ids, N = a shortlist of N (drafts/shortlist.py)",
     )
     parser.add_argument("--hf_assistant_tokens", type=int, nargs="+", default=[3, 5, 8])
+    parser.add_argument(
+        "--trees",
+        nargs="*",
+        default=[],
+        help="our token trees as widths per depth, e.g. 2,2,1,1,1 (one program each)",
+    )
     parser.add_argument(
         "--hf_prompt_lookup_tokens",
         type=int,

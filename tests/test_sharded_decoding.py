@@ -63,13 +63,14 @@ def t5_pair():
     return target, draft, {"encoder_input_tokens": jnp.asarray(tokens, jnp.int32)}
 
 
-def _decode(pair, sampling, partitioner=None):
+def _decode(pair, sampling, partitioner=None, tree=None):
     target, draft, batch = pair
     return decoding.speculative_decode(
         *target,
         *draft,
         batch,
-        gamma=GAMMA,
+        gamma=None if tree else GAMMA,
+        tree=tree,
         max_decode_len=MAX_LEN,
         sampling=sampling,
         eos_id=1,
@@ -114,6 +115,16 @@ def test_t5_pair_identical_to_unsharded(t5_pair, mesh, sampling):
     ref = _reference("t5", t5_pair, sampling)
     out = _decode(t5_pair, sampling, partitioning.create_partitioner(*mesh))
     _assert_same_output(out, ref, mesh)
+
+
+@pytest.mark.parametrize("pair_name", ["dec_pair", "t5_pair"])
+def test_token_trees_identical_to_unsharded(pair_name, request):
+    """A tree round (tree attention, the accepted path's cache entries moved per row) keeps the
+    cache sharded and gives the unsharded result."""
+    pair = request.getfixturevalue(pair_name)
+    ref = _decode(pair, SAMPLED, tree=(2, 2, 1))
+    out = _decode(pair, SAMPLED, partitioning.create_partitioner(2, 4), tree=(2, 2, 1))
+    _assert_same_output(out, ref, (2, 4))
 
 
 def test_autoregressive_identical_to_unsharded(dec_pair):

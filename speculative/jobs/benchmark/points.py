@@ -88,6 +88,18 @@ def greedy_identical(plain: Timed, spec: Timed, greedy: bool, variant: Variant) 
     )
 
 
+def _round_costs(
+    variant: Variant, gamma: int, summary: Mapping[str, Any], costs: Mapping[str, Any]
+) -> tuple[float, float, float]:
+    """(verify call seconds, Thm 3.8's predicted speedup, the round's sampling seconds)."""
+    verify_s = costs["target_extend_s"][verify_tokens(variant, gamma)]
+    if variant.tree is None:
+        predicted = metrics.predicted_speedup(summary["alpha"], gamma, costs["c"])
+        return verify_s, predicted, costs.get("sampling_round_s", {}).get(gamma, 0.0)
+    # a tree: no closed form in alpha, and no sampling timing for its round
+    return verify_s, metrics.speedup_from_tau(summary["tau"], gamma, costs["c"]), 0.0
+
+
 def make_point(
     gamma: int,
     plain: Timed,
@@ -109,13 +121,7 @@ def make_point(
     plain_decode_s = plain.seconds - target_prefill_s
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
     rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
-    verify_s = costs["target_extend_s"][verify_tokens(variant, gamma)]
-    if variant.tree is None:
-        predicted = metrics.predicted_speedup(summary["alpha"], gamma, costs["c"])
-        sampling_s = costs.get("sampling_round_s", {}).get(gamma, 0.0)
-    else:  # no closed form in alpha; no sampling timing for a tree's round
-        predicted = metrics.speedup_from_tau(summary["tau"], gamma, costs["c"])
-        sampling_s = 0.0
+    verify_s, predicted, sampling_s = _round_costs(variant, gamma, summary, costs)
     return Point(
         gamma=gamma,
         alpha=summary["alpha"],
