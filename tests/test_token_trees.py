@@ -337,22 +337,8 @@ tree/speculative.Variant:
 
 
 def test_benchmark_sweeps_a_tree_against_a_chain(tmp_path, monkeypatch):
-    from speculative import benchmark
-
     monkeypatch.chdir(helpers.ROOT)
-    variants = tmp_path / "variants.gin"
-    variants.write_text(CHAIN_VS_TREE_GIN)
-    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", ["abcabcabc", "Hello, Hello"])
-    result = benchmark.main(
-        [
-            "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/demo/tiny_random_models.gin",
-            f"--gin_file={variants}", f"--gin.INPUT_FILE='{inputs}'",
-            f"--gin.OUTPUT_DIR='{tmp_path / 'bench'}'", "--gin.GAMMAS=[3]",
-            "--gin.TEMPERATURES=[0.0, 1.0]", "--gin.BATCH_SIZES=[2]", "--gin.REPEATS=1",
-            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
-            "--gin.COMPILATION_CACHE_DIR=None",
-        ]
-    )  # fmt: skip
+    result = helpers.tiny_variant_sweep(tmp_path, CHAIN_VS_TREE_GIN)
     for cell in result["cells"]:
         points = {p["variant"]: p for p in cell["points"]}
         assert points["chain"]["tree"] is None and points["chain"]["gamma"] == 3

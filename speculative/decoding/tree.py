@@ -47,10 +47,8 @@ class TreeShape:
                     f"tree node {node}'s parent must be an earlier node (0..{node - 1}), "
                     f"got {parent}"
                 )
-        depths = [0]
-        for parent in parents:
-            depths.append(depths[parent] + 1)
-        if depths != sorted(depths):
+        depths = _depths(parents)
+        if list(depths) != sorted(depths):
             raise ValueError(f"tree nodes must be numbered depth by depth, got parents {parents}")
         object.__setattr__(self, "parents", tuple(int(p) for p in parents))
 
@@ -90,10 +88,7 @@ class TreeShape:
     @functools.cached_property
     def depths(self) -> tuple[int, ...]:
         """N + 1 depths, the root's (0) first."""
-        depths = [0]
-        for parent in self.parents:
-            depths.append(depths[parent] + 1)
-        return tuple(depths)
+        return _depths(self.parents)
 
     @property
     def depth(self) -> int:
@@ -134,6 +129,14 @@ class TreeShape:
         if self.first_child_chain:
             return f"tree widths {self.widths} ({self.size} nodes)"
         return f"tree parents {self.parents} ({self.size} nodes)"
+
+
+def _depths(parents: Sequence[int]) -> tuple[int, ...]:
+    """Every node's depth, the root's (0) first, from the nodes' parents."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent] + 1)
+    return tuple(depths)
 
 
 def siblings(
