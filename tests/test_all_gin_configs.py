@@ -104,10 +104,16 @@ def test_configs_found():
 
 
 def _check_train_config(path: pathlib.Path) -> None:
-    """configs/train/*: a speculative.TrainConfig with a T5 model and a vocabulary."""
-    from speculative import train  # registers speculative.TrainConfig
+    """configs/train/*: a speculative.TrainConfig with a T5 model and a vocabulary, or a
+    speculative.HeadTrainConfig with a target ModelSpec."""
+    from speculative import train, train_head  # register the job configs
 
     _parse_binding_required_to_none([_rel(path)])
+    if "HeadTrainConfig" in gin.config_str():
+        head = train_head.HeadTrainConfig()
+        assert isinstance(head.target, model_loading.ModelSpec)
+        assert isinstance(head.vocabulary, model_loading.VocabSpec)
+        return
     cfg = train.TrainConfig()
     assert isinstance(cfg.model, t5.T5) and isinstance(cfg.vocabulary, model_loading.VocabSpec)
     hash(cfg.model)

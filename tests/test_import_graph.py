@@ -222,7 +222,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measure", ("measure", "configurables")),
     ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags",
                      "benchmark_report")),
-    ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "fit_ngram", "ende_data", "memory")),
+    ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
+              "memory")),
 )  # fmt: skip
 
 

@@ -144,6 +144,14 @@ class Drafter(Protocol):
     #     distribution it was drawn from given its earlier siblings (normalised log-probabilities,
     #     not logits: a sibling drawn without replacement has q with the earlier ones removed).
     #   grows_tree(tree) -> bool: whether it can propose that shape.
+    #
+    # Optional, for drafts that read the target's hidden states (drafts/feature_head.py):
+    #   reads_target_features = True, and
+    #   observe_target(params, state, features [B, K, E], next_tokens [B, K], start [B],
+    #     count [B]) -> state: the target's final hidden states of the tokens at positions
+    #     start .. start + K - 1 (the first count[b] real), each with the token that followed it;
+    #     called after the prefill (the prompt) and after every verify call (the accepted path).
+    #   Drafts without the flag cost nothing: the loop asks the target for logits only.
 
 
 class StatelessDrafter:

@@ -177,7 +177,8 @@ class _Verdict:
 
     tokens: [B, G] the draft tokens along the accepted path (a chain: all of them);
     num_accepted: [B] how many of them are kept; next_token: [B] the token after them;
-    beta: [B, G] acceptance probabilities; tested: [B, G] positions tried against the target.
+    beta: [B, G] acceptance probabilities; tested: [B, G] positions tried against the target;
+    kept: [B, G + 1] the verify block's offsets along the accepted path (the root first).
     """
 
     tokens: jax.Array
@@ -185,6 +186,7 @@ class _Verdict:
     next_token: jax.Array
     beta: jax.Array
     tested: jax.Array
+    kept: jax.Array
 
 
 def _propose(s, drafter, draft_params, context, rng, config):
@@ -212,14 +214,29 @@ def _verify(rng, target_logits, target_state, draft_tokens, draft_logits, propos
         # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
         position = jnp.arange(config.gamma)[None, :]
         tested = (position <= n[:, None]) & (position < proposed[:, None])
-        return _Verdict(draft_tokens, n, next_token, beta, tested), target_state
+        kept = jnp.broadcast_to(jnp.arange(config.gamma + 1), (n.shape[0], config.gamma + 1))
+        return _Verdict(draft_tokens, n, next_token, beta, tested, kept), target_state
     path, n, next_token, beta, tested = tree_verification.verify_tree(
         rng, target_logits, draft_logits, draft_tokens, config.sampling, tree.children, tree.depth
     )
     tokens = jnp.take_along_axis(draft_tokens, jnp.maximum(path - 1, 0), axis=1)
     root_and_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)
     target_state = keep_path(target_state, pos, root_and_path)
-    return _Verdict(tokens, n, next_token, beta, tested), target_state
+    return _Verdict(tokens, n, next_token, beta, tested, root_and_path), target_state
+
+
+def _reads_features(drafter: Drafter) -> bool:
+    """Whether the drafter asks for the target's hidden states (`observe_target`)."""
+    return getattr(drafter, "reads_target_features", False)
+
+
+def _score(target, target_params, state, block, ancestors, drafter: Drafter):
+    """The verify call: (logits [B, K, V], hidden states [B, K, E] for a draft that reads them
+    or None, state)."""
+    if _reads_features(drafter):
+        return target.extend_features(target_params, state, block, ancestors)
+    logits, state = target.extend(target_params, state, block, ancestors)
+    return logits, None, state
 
 
 def _speculative_round(
@@ -247,8 +264,8 @@ def _speculative_round(
     )
     block = jnp.concatenate([s.last[:, None], draft_tokens], axis=1)  # [B, N+1]
     ancestors = None if config.tree is None else config.tree.ancestors
-    target_logits, target_state = target.extend(
-        target_params, s.target.replace(index=s.pos), block, ancestors
+    target_logits, features, target_state = _score(
+        target, target_params, s.target.replace(index=s.pos), block, ancestors, drafter
     )
     v, target_state = _verify(
         verify_rng, target_logits, target_state, draft_tokens, draft_logits, proposed, s.pos, config
@@ -260,14 +277,34 @@ def _speculative_round(
     candidates = jnp.concatenate([v.tokens, jnp.zeros_like(s.last)[:, None]], axis=1)
     candidates = candidates.at[rows, n].set(v.next_token)
     emitted_state, emitted = _emit(s, candidates, n + 1, config)
+    if features is not None:  # a draft that reads the target: the kept path's hidden states
+        kept = jnp.take_along_axis(features, v.kept[:, :, None], axis=1)
+        draft_state = drafter.observe_target(
+            draft_params, draft_state, kept, candidates, s.pos, n + 1
+        )
 
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
+    stats = _count_round(s.stats, active, v, proposed, emitted, target_logits, draft_logits, config)
+    return emitted_state.replace(
+        target=target_state.replace(index=pos),
+        draft=draft_state,
+        pos=pos,
+        last=jnp.where(active, v.next_token, s.last),
+        prev=jnp.where(active, prev, s.prev),
+        rng=rng,
+        budget=jnp.where(active, _next_budget(s.budget, n, proposed, config), s.budget),
+        stats=stats,
+    )
+
+
+def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draft_logits, config):
+    """The DecodeStats after one round (inactive rows unchanged)."""
+    n = v.num_accepted
     verified = v.tested & active[:, None]
     accepted_at = (jnp.arange(config.gamma)[None, :] < n[:, None]) & active[:, None]
     drafted = proposed if config.tree is None else config.tree.size
-    st = s.stats
-    stats = st.replace(
+    return st.replace(
         target_calls=st.target_calls + active,
         draft_calls=st.draft_calls + proposed * active,
         drafted=st.drafted + drafted * active,
@@ -278,16 +315,6 @@ def _speculative_round(
         verified_at=st.verified_at + verified,
         nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
         nan_draft_logits=st.nan_draft_logits | (active & _has_nan(draft_logits)),
-    )
-    return emitted_state.replace(
-        target=target_state.replace(index=pos),
-        draft=draft_state,
-        pos=pos,
-        last=jnp.where(active, v.next_token, s.last),
-        prev=jnp.where(active, prev, s.prev),
-        rng=rng,
-        budget=jnp.where(active, _next_budget(s.budget, n, proposed, config), s.budget),
-        stats=stats,
     )
 
 
@@ -314,10 +341,16 @@ def speculative_loop(
     """Speculative decoding, jitted. draft: a smaller LanguageModel or any `Drafter`;
     config.gamma must be set; inputs must pass `validate_batch` for the target and the draft."""
     drafter = as_drafter(draft)
-    target_state, pos, last, prev = prefill(
-        target, target_params, batch, config.cache_length(target, batch)
-    )
+    reads = _reads_features(drafter)
+    started = prefill(target, target_params, batch, config.cache_length(target, batch), reads)
+    target_state, pos, last, prev = started[:4]
     draft_state = drafter.init(draft_params, batch, config)
+    if reads:  # the prompt's hidden states, each with the prompt token after it
+        prompt = batch["prompt"].astype(jnp.int32)
+        after = jnp.concatenate([prompt[:, 1:], jnp.zeros_like(prompt[:, :1])], axis=1)
+        draft_state = drafter.observe_target(
+            draft_params, draft_state, started[4], after, jnp.zeros_like(pos), pos
+        )
 
     def body(s: LoopState) -> LoopState:
         s = _speculative_round(s, target, target_params, drafter, draft_params, batch, config)

@@ -151,13 +151,18 @@ class LoopState:
 
 
 def prefill(
-    model: LanguageModel, params: Any, batch: dict[str, jax.Array], cache_len: int
+    model: LanguageModel,
+    params: Any,
+    batch: dict[str, jax.Array],
+    cache_len: int,
+    features: bool = False,
 ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array]:
     """Builds the initial state: (state, pos [B], last [B], prev [B]).
 
     Decoder-only: the whole right-padded prompt is written once; the last prompt token becomes `last`
     (its cache slot is rewritten by the first round). Encoder-decoder: encode, start from the
-    model's decoder start token.
+    model's decoder start token. features=True (decoder-only) appends the prompt's hidden states
+    [B, P, E] (`LanguageModel.extend_features`) to the tuple, for a draft that reads them.
     """
     state = model.init_state(params, batch, cache_len)
     if model.is_encoder_decoder:
@@ -165,11 +170,15 @@ def prefill(
         start = jnp.full_like(zeros, model.decoder_start_id)
         return state.replace(index=zeros), zeros, start, start
     prompt = batch["prompt"].astype(jnp.int32)
-    _, state = model.extend(params, state, prompt)  # logits unused: XLA drops the projection
+    if features:
+        _, hidden, state = model.extend_features(params, state, prompt)
+    else:
+        _, state = model.extend(params, state, prompt)  # logits unused: XLA drops the projection
     pos = batch["prompt_lengths"].astype(jnp.int32) - 1
     last = jnp.take_along_axis(prompt, pos[:, None], axis=1)[:, 0]
     prev = jnp.take_along_axis(prompt, jnp.maximum(pos - 1, 0)[:, None], axis=1)[:, 0]
-    return state.replace(index=pos), pos, last, prev
+    start = (state.replace(index=pos), pos, last, prev)
+    return (*start, hidden) if features else start
 
 
 def initial_loop_state(

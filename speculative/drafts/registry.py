@@ -50,7 +50,8 @@ class DraftSpec:
     """A draft that is not a separate model (configs/drafts/*.gin), accepted wherever a draft
     ModelSpec is. `kind` is a registered draft kind (`speculative.drafts.registry.names()`); the
     other fields are the options the kinds read (n-gram lengths of a lookup, a tables file, a
-    number of layers). Built after `fit_vocabulary`, from the fitted target (`build_draft`).
+    number of layers, a trained head's checkpoint directory). Built after `fit_vocabulary`, from
+    the fitted target (`build_draft`).
     """
 
     kind: str = gin.REQUIRED
@@ -58,6 +59,7 @@ class DraftSpec:
     min_ngram: int = 1
     tables: str | None = None
     num_layers: int = 1
+    checkpoint: str | None = None
 
 
 def _no_checks(spec: DraftSpec, role: str) -> None:

@@ -167,6 +167,29 @@ class ConfiguredModel:
         logits, cache = self.apply_decoder(params, state, tokens, positions, ancestors)
         return logits, state.replace(cache=cache, index=state.index + length)
 
+    def extend_features(
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        ancestors: np.ndarray | None = None,
+    ) -> tuple[jax.Array, jax.Array, DecodeState]:
+        """`extend`, also returning the hidden state the output head reads: (logits [B, L, V],
+        features [B, L, E] float32, state). For drafts that read the target's features (a
+        feature-level head, docs/design.md §1); families without it raise NotImplementedError."""
+        length = tokens.shape[1]
+        if length > state.max_len:
+            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
+        positions = query_positions(state.index, length, ancestors)
+        logits, cache, features = self.apply_decoder_features(
+            params, state, tokens, positions, ancestors
+        )
+        return logits, features, state.replace(cache=cache, index=state.index + length)
+
+    def apply_decoder_features(self, params, state, tokens, positions, ancestors=None):
+        """`apply_decoder` plus the final hidden states [B, L, E]: (logits, cache, features)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states")
+
     def apply_decoder(
         self,
         params: Params,

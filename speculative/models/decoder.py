@@ -187,7 +187,8 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """tokens [B, L] at absolute positions [B, L] -> logits [B, L, V] float32, updated cache."""
+    """tokens [B, L] at absolute positions [B, L] -> (logits [B, L, V] float32, updated cache,
+    features [B, L, E] float32: the final normed hidden states the output head reads)."""
 
     config: DecoderConfig
 
@@ -220,7 +221,9 @@ class DecoderStack(nn.Module):
             logits = base.dense(x, embedder.embedding)
         else:
             logits = LogitsDense(cfg.vocab_size, name="logits_dense")(x)
-        return logits.astype(jnp.float32), new_cache
+        # The normed hidden state the head reads: a feature-level draft's input (unused outputs
+        # are dropped by XLA, so plain extend pays nothing for it).
+        return logits.astype(jnp.float32), new_cache, x
 
 
 class LogitsDense(nn.Module):
@@ -345,6 +348,10 @@ class DecoderLM(base.ConfiguredModel):
         return DecodeState(cache=cache, index=jnp.zeros((prompt.shape[0],), jnp.int32))
 
     def apply_decoder(self, params, state, tokens, positions, ancestors=None):
+        logits, cache, _ = self.apply_decoder_features(params, state, tokens, positions, ancestors)
+        return logits, cache
+
+    def apply_decoder_features(self, params, state, tokens, positions, ancestors=None):
         return self.module.apply(
             {"params": params}, tokens, positions, state.cache, state.index, ancestors
         )

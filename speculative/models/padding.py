@@ -52,9 +52,23 @@ class PaddingMasked:
         ancestors: np.ndarray | None = None,
     ) -> tuple[jax.Array, DecodeState]:
         logits, state = self.model.extend(params, state, tokens, ancestors)
+        return self.mask(logits), state
+
+    def extend_features(
+        self,
+        params: Params,
+        state: DecodeState,
+        tokens: jax.Array,
+        ancestors: np.ndarray | None = None,
+    ) -> tuple[jax.Array, jax.Array, DecodeState]:
+        logits, features, state = self.model.extend_features(params, state, tokens, ancestors)
+        return self.mask(logits), features, state
+
+    def mask(self, logits: jax.Array) -> jax.Array:
+        """[..., V'] logits -> [..., width] with the ids from `used` on at -inf."""
         logits = logits[..., : self.width]
         ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-        return jnp.where(ids < self.used, logits, -jnp.inf), state
+        return jnp.where(ids < self.used, logits, -jnp.inf)
 
 
 def split(model: Any) -> tuple[Any, Callable[[Any], Any]]:

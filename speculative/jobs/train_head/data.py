@@ -1,0 +1,122 @@
+"""The head's training data: windows of tokenised Python source and the target's hidden states
+over them, computed once and kept in OUTPUT_DIR/features (resumable, window by window).
+
+The corpus is this interpreter's standard library (`drafts.shortlist.python_sources`), never a
+benchmark's prompts. Files are split before anything is cut: every tenth file (in sorted path
+order) is held out, so no file is on both sides. Each side's files are tokenised, joined with a
+newline between files and cut into windows of `window` tokens.
+
+Files (N windows of L tokens, E = the target's width):
+    features/<side>.tokens.npy    [N, L] int32
+    features/<side>.features.npy  [N, L, E] float16, the target's final normed hidden states
+    features/<side>.done          how many windows are complete (written after they are flushed)
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative.drafts import shortlist
+from speculative.errors import JobError
+
+HELD_OUT_EVERY = 10  # every tenth source file is held out
+
+
+def corpus_windows(
+    vocabulary: Any, corpus_bytes: int, window: int, limits: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """{"train": [N_train, L], "heldout": [N_heldout, L]} int32 windows of the standard library,
+    split by file (module doc); at most limits[side] windows each."""
+    texts = shortlist.python_sources(corpus_bytes)
+    newline = vocabulary.encode("\n")
+    sides: dict[str, list[int]] = {"train": [], "heldout": []}
+    for i, text in enumerate(texts):
+        side = "heldout" if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1 else "train"
+        sides[side].extend(vocabulary.encode(text) + newline)
+    windows = {}
+    for side, ids in sides.items():
+        count = min(len(ids) // window, limits[side])
+        if count < 1:
+            raise JobError(
+                f"the corpus ({corpus_bytes} bytes of the standard library) gives no {side} "
+                f"window of {window} tokens; raise corpus_bytes"
+            )
+        windows[side] = np.asarray(ids[: count * window], np.int32).reshape(count, window)
+    return windows
+
+
+def target_feature_fn(target: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    """A jitted (target params, tokens [B, L]) -> hidden states [B, L, E] float32."""
+
+    @jax.jit
+    def features(params, tokens):
+        batch = {"prompt": tokens, "prompt_lengths": jnp.full((tokens.shape[0],), tokens.shape[1])}
+        state = target.init_state(params, batch, tokens.shape[1])
+        _, hidden, _ = target.extend_features(params, state, tokens)
+        return hidden
+
+    return features
+
+
+def _open(path: pathlib.Path, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A .npy file of this shape and dtype, opened for writing (created when missing or of
+    another shape: a window count or width changed, so its windows are recomputed)."""
+    if path.exists():
+        array = np.load(path, mmap_mode="r+")
+        if array.shape == shape and array.dtype == np.dtype(dtype):
+            return array
+    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+
+def _done_count(path: pathlib.Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def extract_features(
+    directory: pathlib.Path,
+    side: str,
+    tokens: np.ndarray,
+    compute: Callable[[jax.Array], jax.Array],
+    width: int,
+    batch_size: int,
+    progress: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [N, L], features [N, L, E] float16) of one side, computing only the windows a
+    killed run had not finished. The stored tokens must equal `tokens` (else all is redone)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done_path = directory / f"{side}.done"
+    stored = _open(directory / f"{side}.tokens.npy", tokens.shape, np.int32)
+    done = _done_count(done_path) if np.array_equal(stored, tokens) else 0
+    stored[:] = tokens
+    stored.flush()
+    features = _open(directory / f"{side}.features.npy", (*tokens.shape, width), np.float16)
+    for start in range(done, len(tokens), batch_size):
+        stop = min(start + batch_size, len(tokens))
+        hidden = np.asarray(compute(jnp.asarray(tokens[start:stop])))
+        if not np.all(np.isfinite(hidden)):
+            raise JobError(f"the target's hidden states are not finite in {side} windows {start}+")
+        features[start:stop] = hidden.astype(np.float16)
+        features.flush()
+        _write_atomic(done_path, str(stop))
+        if progress is not None:
+            progress(stop - start)
+    return np.asarray(stored), features
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
