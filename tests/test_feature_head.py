@@ -156,10 +156,13 @@ def test_train_head_job_resumes_refuses_and_drafts(tmp_path, monkeypatch):
     flags = [*TINY_HEAD, f"--gin.OUTPUT_DIR='{out}'"]
     train_head.main([*flags, "--gin.speculative.HeadTrainConfig.steps=30"])
     first = (out / "features" / "train.features.npy").stat().st_mtime_ns
+    with open(out / "metrics.jsonl", "a") as f:  # what a kill after step 30 may leave behind
+        f.write('{"step": 45, "loss": 1.0}\n{"step": 4')
     summary = train_head.main(flags)  # steps 60: resumes at 30, reuses the features
     assert (out / "features" / "train.features.npy").stat().st_mtime_ns == first
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "heldout" in r] == [30, 60]
+    assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60]  # no stale or torn record
     alpha = summary["final"]["heldout"]["alpha"]
     assert len(alpha) == 3 and all(0.0 < a <= 1.0 for a in alpha)
     with pytest.raises(JobError, match="other settings.*learning_rate"):

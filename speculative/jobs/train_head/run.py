@@ -182,6 +182,7 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
     optimizer = head_train.make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps)
     params = head.init_params(jax.random.PRNGKey(cfg.seed))
     start, params, opt_state = _restore(out, head, ids, optimizer, params)
+    _keep_metrics_up_to(out / "metrics.jsonl", start)
     step_fn = head_train.make_train_step(head, optimizer, cfg)
     drafter, draft_params = head_draft.build_drafter(
         target.model, target.params, config, params, ids
@@ -223,6 +224,24 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
         bar.close()
     log.close()
     return _summary(cfg, out, sides, ids, feature_s)
+
+
+def _keep_metrics_up_to(path: pathlib.Path, step: int) -> None:
+    """Drops the records a killed run logged after its last checkpoint (the resumed run logs
+    those steps again) and a line torn by the kill; rewritten atomically."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
