@@ -91,16 +91,20 @@ def _paths(tree: TreeShape) -> list[list[int]]:
 def _check_tree_attention(model, params, state, start, tokens):
     """tokens [B, N+1] scored as TREE from `state` equal each path decoded causally; keeping a
     path then extending equals extending the causal path."""
-    logits, tree_state = model.extend(params, state.replace(index=start), tokens, TREE.ancestors)
+    # Jitted: one program per block length, where eager calls compiled every op of T5 anew.
+    extend = jax.jit(model.extend)
+    logits, tree_state = jax.jit(lambda *a: model.extend(*a, TREE.ancestors))(
+        params, state.replace(index=start), tokens
+    )
     for node, path in enumerate(_paths(TREE)):
-        causal, _ = model.extend(params, state.replace(index=start), tokens[:, path])
+        causal, _ = extend(params, state.replace(index=start), tokens[:, path])
         np.testing.assert_allclose(logits[:, node], causal[:, -1], rtol=2e-5, atol=2e-5)
     path = [0, 2, 5]  # a path through a non-first child
     kept = base.keep_path(tree_state, start, jnp.tile(jnp.asarray(path), (tokens.shape[0], 1)))
     follow = jnp.full((tokens.shape[0], 1), 3, jnp.int32)
-    after, _ = model.extend(params, kept.replace(index=start + len(path)), follow)
+    after, _ = extend(params, kept.replace(index=start + len(path)), follow)
     whole = jnp.concatenate([tokens[:, path], follow], axis=1)
-    causal, _ = model.extend(params, state.replace(index=start), whole)
+    causal, _ = extend(params, state.replace(index=start), whole)
     np.testing.assert_allclose(after[:, 0], causal[:, -1], rtol=2e-5, atol=2e-5)
 
 

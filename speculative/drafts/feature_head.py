@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -197,7 +198,8 @@ def load_head(
     directory: str | pathlib.Path, step: int | None = None
 ) -> tuple[FeatureHeadConfig, Any, np.ndarray, int]:
     """(config, head params, lm_head ids [S], step) of a head checkpoint directory (the newest
-    complete checkpoint, or `step`); every parameter's name and shape is checked."""
+    complete checkpoint, or `step`); every parameter's name and shape is checked. `~` expands."""
+    directory = os.path.expanduser(str(directory))
     config = read_head_config(directory)
     steps = checkpoint_steps(directory)
     if not steps:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import sys
 import time
@@ -157,7 +158,7 @@ def _restore(out, head, ids, optimizer, params):
 def run(cfg: HeadTrainConfig) -> dict[str, Any]:
     """Trains (or resumes) the head; returns summary.json's contents."""
     check(cfg)
-    with lock_output_dir(cfg.output_dir) as out:
+    with lock_output_dir(os.path.expanduser(cfg.output_dir)) as out:
         _check_fingerprint(out, cfg)
         vocabulary = ml.load_vocabulary(cfg.vocabulary)
         target = ml.load_model(cfg.target, "target")
