@@ -191,3 +191,35 @@ def test_a_broken_head_checkpoint_is_one_line(tmp_path):
     t5x_write.save_t5x(tmp_path, {"head": params, "lm_head_ids": np.arange(4)}, 1)
     with pytest.raises(ValueError, match="fc/kernel"):
         head_draft.load_head(tmp_path)
+
+
+def test_a_heads_step_cost_includes_reading_the_target(one_layer, batch):
+    """c of a feature head times its propose and the observe call of a round (gamma + 1 states)."""
+    from speculative.decoding.config import DecodeConfig
+    from speculative.measure import timing
+
+    _, _, drafter, draft_params = one_layer
+    config = DecodeConfig(max_decode_len=8, stop_ids=(1,), gamma=3)
+    seconds = timing.draft_step_time(drafter, draft_params, batch, 40, config)
+    assert 0 < seconds < 1.0
+
+
+def test_features_of_an_earlier_run_are_reused_window_by_window(tmp_path):
+    from speculative.jobs.train_head import data
+
+    calls = []
+
+    def compute(tokens):
+        calls.append(len(tokens))
+        return jnp.repeat(tokens[..., None].astype(jnp.float32), 3, axis=-1)
+
+    tokens = np.arange(40, dtype=np.int32).reshape(10, 4)
+    data.extract_features(tmp_path, "train", tokens[:6], compute, 3, batch_size=4)
+    assert calls == [4, 2]
+    stored, features = data.extract_features(tmp_path, "train", tokens, compute, 3, batch_size=4)
+    assert calls == [4, 2, 4]  # windows 6..9 only
+    np.testing.assert_array_equal(features[..., 0], tokens)
+    changed = tokens.copy()
+    changed[2, 0] = 99  # the corpus changed from window 2 on: recomputed from there
+    data.extract_features(tmp_path, "train", changed, compute, 3, batch_size=4)
+    assert calls == [4, 2, 4, 4, 4]

@@ -146,7 +146,7 @@ class Drafter(Protocol):
     #   grows_tree(tree) -> bool: whether it can propose that shape.
     #
     # Optional, for drafts that read the target's hidden states (drafts/feature_head.py):
-    #   reads_target_features = True, and
+    #   reads_target_features = True, feature_width (E), and
     #   observe_target(params, state, features [B, K, E], next_tokens [B, K], start [B],
     #     count [B]) -> state: the target's final hidden states of the tokens at positions
     #     start .. start + K - 1 (the first count[b] real), each with the token that followed it;

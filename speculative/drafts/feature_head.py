@@ -72,6 +72,11 @@ class FeatureHeadDrafter(StatelessDrafter):
     used: int
     reads_target_features = True
 
+    @property
+    def feature_width(self) -> int:
+        """E of the target's hidden states it reads."""
+        return self.head.config.emb_dim
+
     def check_target(self, target: Any) -> None:
         super().check_target(target)
         bare, _ = padding.split(target)

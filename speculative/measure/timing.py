@@ -118,9 +118,18 @@ def draft_propose_time(
     )
     state = jax.jit(drafter.init, static_argnums=2)(params, batch, config)
 
+    reads = getattr(drafter, "reads_target_features", False)
+
     def step(params, carry):
         state, rng = carry
         rng, key = jax.random.split(rng)
+        if reads:  # a round also hands it the target's states of the kept path (gamma + 1)
+            width = (rows, gamma + 1)
+            features = jnp.zeros((*width, drafter.feature_width), jnp.float32)
+            state = drafter.observe_target(
+                params, state, features, jnp.zeros(width, jnp.int32), context.pos,
+                jnp.full((rows,), gamma + 1, jnp.int32),
+            )  # fmt: skip
         _, _, state = drafter.propose(params, state, context, key, gamma, config.sampling)
         return state, rng
 

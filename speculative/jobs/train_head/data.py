@@ -65,14 +65,26 @@ def target_feature_fn(target: Any) -> Callable[[Any, jax.Array], jax.Array]:
     return features
 
 
-def _open(path: pathlib.Path, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A .npy file of this shape and dtype, opened for writing (created when missing or of
-    another shape: a window count or width changed, so its windows are recomputed)."""
+def _open(path: pathlib.Path, shape: tuple[int, ...], dtype: Any, keep: int = 0) -> np.ndarray:
+    """A .npy file of this shape and dtype, opened for writing. An existing file of another
+    window count is resized, its first `keep` windows kept (the corpus is read in the same
+    order, so a run with more windows extends the earlier one's)."""
+    old = None
     if path.exists():
         array = np.load(path, mmap_mode="r+")
         if array.shape == shape and array.dtype == np.dtype(dtype):
             return array
-    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        if array.shape[1:] == shape[1:] and array.dtype == np.dtype(dtype) and keep:
+            old = np.array(array[: min(keep, shape[0])])
+        del array
+    # A new file renamed into place: a linked copy of another run's file is never written to.
+    tmp = path.with_name(path.name + ".tmp")
+    fresh = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+    if old is not None:
+        fresh[: len(old)] = old
+    fresh.flush()
+    os.replace(tmp, path)
+    return fresh
 
 
 def _done_count(path: pathlib.Path) -> int:
@@ -91,15 +103,18 @@ def extract_features(
     batch_size: int,
     progress: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [N, L], features [N, L, E] float16) of one side, computing only the windows a
-    killed run had not finished. The stored tokens must equal `tokens` (else all is redone)."""
+    """(tokens [N, L], features [N, L, E] float16) of one side, computing only the windows an
+    earlier run has not: it was killed, or read fewer windows. A stored window is reused only
+    where its tokens equal this run's."""
     directory.mkdir(parents=True, exist_ok=True)
     done_path = directory / f"{side}.done"
-    stored = _open(directory / f"{side}.tokens.npy", tokens.shape, np.int32)
-    done = _done_count(done_path) if np.array_equal(stored, tokens) else 0
+    done = _reusable_windows(directory / f"{side}.tokens.npy", tokens, _done_count(done_path))
+    stored = _open(directory / f"{side}.tokens.npy", tokens.shape, np.int32, done)
     stored[:] = tokens
     stored.flush()
-    features = _open(directory / f"{side}.features.npy", (*tokens.shape, width), np.float16)
+    shape = (*tokens.shape, width)
+    features = _open(directory / f"{side}.features.npy", shape, np.float16, done)
+    _write_atomic(done_path, str(done))
     for start in range(done, len(tokens), batch_size):
         stop = min(start + batch_size, len(tokens))
         hidden = np.asarray(compute(jnp.asarray(tokens[start:stop])))
@@ -111,6 +126,18 @@ def extract_features(
         if progress is not None:
             progress(stop - start)
     return np.asarray(stored), features
+
+
+def _reusable_windows(path: pathlib.Path, tokens: np.ndarray, done: int) -> int:
+    """How many of the first `done` stored windows hold exactly these tokens."""
+    if not path.exists():
+        return 0
+    stored = np.load(path, mmap_mode="r")
+    if stored.shape[1:] != tokens.shape[1:]:
+        return 0
+    count = min(done, len(stored), len(tokens))
+    same = np.all(stored[:count] == tokens[:count], axis=1)
+    return int(count if same.all() else np.argmin(same))
 
 
 def _write_atomic(path: pathlib.Path, text: str) -> None:
