@@ -130,8 +130,10 @@ def draft_propose_time(
                 params, state, features, jnp.zeros(width, jnp.int32), context.pos,
                 jnp.full((rows,), gamma + 1, jnp.int32),
             )  # fmt: skip
-        _, _, state = drafter.propose(params, state, context, key, gamma, config.sampling)
-        return state, rng
+        tokens, _, state = drafter.propose(params, state, context, key, gamma, config.sampling)
+        # The proposal feeds the next step: a drafter whose state does not change in propose
+        # (it is rewritten by the next observe) would otherwise have its steps optimised away.
+        return state, jax.random.fold_in(rng, jnp.sum(tokens))
 
     seconds = step_time(step, params, (state, jax.random.PRNGKey(0)), steps=8, repeats=repeats)
     return seconds / gamma
