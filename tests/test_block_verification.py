@@ -252,21 +252,5 @@ def test_infer_job_with_block_acceptance(tmp_path, monkeypatch):
         _infer(tmp_path, "unknown", "--gin.ACCEPTANCE='blocks'")
 
 
-BLOCK_VS_TOKEN_GIN = """
-VARIANTS = [@token/speculative.Variant(), @block/speculative.Variant()]
-token/speculative.Variant.name = 'token'
-block/speculative.Variant:
-  name = 'block'
-  acceptance = 'block'
-"""
-
-
-def test_benchmark_sweeps_block_against_token_verification(tmp_path, monkeypatch):
-    monkeypatch.chdir(helpers.ROOT)
-    result = helpers.tiny_variant_sweep(tmp_path, BLOCK_VS_TOKEN_GIN)
-    for cell in result["cells"]:
-        points = {p["variant"]: p for p in cell["points"]}
-        assert points["token"]["acceptance"] == "token"
-        assert points["block"]["acceptance"] == "block" and points["block"]["exact"] is True
-        if cell["temperature"] == 0.0:
-            assert points["block"]["greedy_identical_to_plain"] is True
+# The benchmark sweep of block against token verification is shared with the tree variant:
+# tests/test_token_trees.py::test_benchmark_sweeps_block_and_a_tree_against_the_chain.

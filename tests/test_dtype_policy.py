@@ -40,15 +40,14 @@ def test_bf16_divergence_probe_runs_and_float32_never_diverges(tmp_path):
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     report = probe.main(
-        ["--tiny", "--prompts", "3", "--max_new_tokens", "6", "--gammas", "1", "3",
+        ["--tiny", "--prompts", "3", "--max_new_tokens", "6", "--gammas", "3",
          "--out", str(tmp_path)]
     )  # fmt: skip
     assert (tmp_path / "bf16_divergence.json").exists()
     for dtype in ("float32", "bfloat16"):
-        for gamma in (1, 3):
-            r = report[dtype][f"gamma_{gamma}"]
-            assert r["prompts"] == 3 and len(r["first_difference"]) == 3
-            assert 0.0 <= report[dtype]["block_logit_gap"][gamma] < 1.0
+        r = report[dtype]["gamma_3"]
+        assert r["prompts"] == 3 and len(r["first_difference"]) == 3
+        assert 0.0 <= report[dtype]["block_logit_gap"][3] < 1.0
     # float32 block numerics stay within float32 rounding of one-at-a-time scoring
     assert report["float32"]["block_logit_gap"][3] < 1e-4
-    assert all(report["float32"][f"gamma_{g}"]["diverged"] == 0 for g in (1, 3))
+    assert report["float32"]["gamma_3"]["diverged"] == 0

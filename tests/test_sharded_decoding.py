@@ -98,8 +98,11 @@ def _assert_same_output(out, ref, mesh):
         assert out.tokens.sharding.spec[0] == "data"
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize(
+    "mesh, sampling",
+    [(m, SamplingConfig()) for m in MESHES] + [((2, 4), SAMPLED)],
+    ids=["1x8-greedy", "2x4-greedy", "8x1-greedy", "2x4-sampled"],
+)
 def test_decoder_pair_identical_to_unsharded(dec_pair, mesh, sampling):
     ref = _reference("decoder", dec_pair, sampling)
     out = _decode(dec_pair, sampling, partitioning.create_partitioner(*mesh))
