@@ -19,6 +19,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow  # a measurement script's smoke run: scripts/test.sh --slow
 def test_tiny_run_writes_json_and_markdown(bench, tmp_path):
     argv = ["--tiny", "--dtype", "float32", "--lengths", "1", "3", "--batches", "1", "2"]
     result = bench.main(argv + ["--out", str(tmp_path)])

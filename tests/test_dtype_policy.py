@@ -35,6 +35,7 @@ def test_model_spec_dtype_sets_weights_activations_and_cache(dtype):
     assert out.tokens.shape == (2, 4)
 
 
+@pytest.mark.slow  # a measurement script's smoke run: scripts/test.sh --slow
 def test_bf16_divergence_probe_runs_and_float32_never_diverges(tmp_path):
     spec = importlib.util.spec_from_file_location("bf16_div", ROOT / "scripts/bf16_divergence.py")
     probe = importlib.util.module_from_spec(spec)
