@@ -111,12 +111,9 @@ class LanguageModel(Protocol):
     ) -> tuple[jax.Array, DecodeState]: ...
 
 
-class ConfiguredModel:
-    """Shared plumbing of model families: a frozen config plus its flax module, hashable by config
-    so that a model can be a static `jax.jit` argument. Subclasses define `make_module`."""
-
-    is_encoder_decoder: bool = False
-    decoder_start_id: int | None = None
+class Configured:
+    """A frozen config plus its flax module, hashable by config so that the object can be a
+    static `jax.jit` argument. Subclasses define `make_module`."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -133,6 +130,14 @@ class ConfiguredModel:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
+
+
+class ConfiguredModel(Configured):
+    """Shared plumbing of model families (`Configured`, plus the LanguageModel members every
+    family shares)."""
+
+    is_encoder_decoder: bool = False
+    decoder_start_id: int | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -160,12 +165,9 @@ class ConfiguredModel:
         ancestors: None for a causal block; a static [L, L] bool tree (module docstring) to score
         a token tree, each token at index + its depth.
         """
-        length = tokens.shape[1]
-        if length > state.max_len:
-            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
-        positions = query_positions(state.index, length, ancestors)
+        positions = block_positions(state, tokens.shape[1], ancestors)
         logits, cache = self.apply_decoder(params, state, tokens, positions, ancestors)
-        return logits, state.replace(cache=cache, index=state.index + length)
+        return logits, state.replace(cache=cache, index=state.index + tokens.shape[1])
 
     def extend_features(
         self,
@@ -177,14 +179,11 @@ class ConfiguredModel:
         """`extend`, also returning the hidden state the output head reads: (logits [B, L, V],
         features [B, L, E] float32, state). For drafts that read the target's features (a
         feature-level head, docs/design.md §1); families without it raise NotImplementedError."""
-        length = tokens.shape[1]
-        if length > state.max_len:
-            raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
-        positions = query_positions(state.index, length, ancestors)
+        positions = block_positions(state, tokens.shape[1], ancestors)
         logits, cache, features = self.apply_decoder_features(
             params, state, tokens, positions, ancestors
         )
-        return logits, features, state.replace(cache=cache, index=state.index + length)
+        return logits, features, state.replace(cache=cache, index=state.index + tokens.shape[1])
 
     def apply_decoder_features(self, params, state, tokens, positions, ancestors=None):
         """`apply_decoder` plus the final hidden states [B, L, E]: (logits, cache, features)."""
@@ -201,6 +200,16 @@ class ConfiguredModel:
         """One decoder pass: tokens and absolute positions [B, L] -> (logits [B, L, V], cache);
         attention through `cache_mask(positions, state.index, S, ancestors)`."""
         raise NotImplementedError
+
+
+def block_positions(
+    state: DecodeState, length: int, ancestors: np.ndarray | None = None
+) -> jax.Array:
+    """[B, L] positions of a block of `length` entries appended at each row's index (a tree's at
+    index + depth); ValueError when the block is longer than the cache."""
+    if length > state.max_len:
+        raise ValueError(f"cannot extend by {length} tokens: cache length is {state.max_len}")
+    return query_positions(state.index, length, ancestors)
 
 
 def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:

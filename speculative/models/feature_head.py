@@ -99,22 +99,12 @@ class FeatureHeadStack(nn.Module):
         return x.astype(jnp.float32), {"layers_0": layer_cache}
 
 
-class FeatureHead:
+class FeatureHead(base.Configured):
     """The head as a model object: hashable by config (a static jit argument), pure functions of
     explicit params and cache."""
 
-    def __init__(self, config: FeatureHeadConfig):
-        self.config = config
-        self.module = FeatureHeadStack(config)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.config == self.config
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.config))
-
-    def __repr__(self) -> str:
-        return f"FeatureHead({self.config})"
+    def make_module(self, config: FeatureHeadConfig) -> FeatureHeadStack:
+        return FeatureHeadStack(config)
 
     def init_cache(self, batch_size: int, max_len: int) -> DecodeState:
         """An empty head cache of max_len positions, index 0."""
@@ -149,7 +139,7 @@ class FeatureHead:
         features [B, L, E], state with index + L). A tree of entries with `ancestors`, as
         `LanguageModel.extend`."""
         length = features.shape[1]
-        positions = base.query_positions(state.index, length, ancestors)
+        positions = base.block_positions(state, length, ancestors)
         predicted, cache = self.module.apply(
             {"params": params}, features, embeddings, positions, state.cache, state.index, ancestors
         )
