@@ -178,3 +178,35 @@ class ResultStore:
     def rows(self) -> list[dict[str, Any]]:
         """Every row written so far, in index order."""
         return [self.done[i] for i in sorted(self.done)]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to path through a fsynced temporary file renamed into place."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def keep_records_up_to(path: str | os.PathLike, step: int) -> list[dict]:
+    """Keeps (and returns) the JSON-lines records of steps <= `step` in a trainer's metrics log:
+    a run killed after its last checkpoint logged steps the resumed run repeats, and may have
+    left a torn last line. Rewritten atomically when anything is dropped; [] without a file."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(record)
+    if len(kept) < len(lines):
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from speculative import configurables, gin_flags, model_loading  # noqa: F401  (gin names)
+from speculative import configurables, gin_flags, job_io, model_loading  # noqa: F401  (gin names)
 from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import load_t5x, t5x_write
@@ -254,7 +254,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             raise JobError("a teacher needs teacher_checkpoint (a T5X checkpoint directory)")
         teacher_params = load_t5x(cfg.teacher_checkpoint, cfg.teacher.config)
     train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight)
-    earlier = _drop_records_after(out / "metrics.jsonl", start)
+    earlier = job_io.keep_records_up_to(out / "metrics.jsonl", start)
     wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
     started = time.perf_counter()
     log = open(out / "metrics.jsonl", "a", encoding="utf-8")
@@ -315,18 +315,6 @@ def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> di
     final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
     (out / "summary.json").write_text(json.dumps(final, indent=1))
     return final
-
-
-def _drop_records_after(path: pathlib.Path, step: int) -> list[dict]:
-    """Keeps (and returns) the metrics of steps <= `step`: a run killed after its last checkpoint
-    had logged steps that the resumed run repeats."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(kept) < len(lines):
-        path.write_text("".join(kept), encoding="utf-8")
-    return [json.loads(line) for line in kept]
 
 
 def _progress(cfg: TrainConfig, start: int):

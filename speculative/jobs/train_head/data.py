@@ -25,6 +25,7 @@ import numpy as np
 
 from speculative.drafts import shortlist
 from speculative.errors import JobError
+from speculative.job_io import write_text_atomic
 
 HELD_OUT_EVERY = 10  # every tenth source file is held out
 
@@ -114,7 +115,7 @@ def extract_features(
     stored.flush()
     shape = (*tokens.shape, width)
     features = _open(directory / f"{side}.features.npy", shape, np.float16, done)
-    _write_atomic(done_path, str(done))
+    write_text_atomic(done_path, str(done))
     for start in range(done, len(tokens), batch_size):
         stop = min(start + batch_size, len(tokens))
         hidden = np.asarray(compute(jnp.asarray(tokens[start:stop])))
@@ -122,7 +123,7 @@ def extract_features(
             raise JobError(f"the target's hidden states are not finite in {side} windows {start}+")
         features[start:stop] = hidden.astype(np.float16)
         features.flush()
-        _write_atomic(done_path, str(stop))
+        write_text_atomic(done_path, str(stop))
         if progress is not None:
             progress(stop - start)
     return np.asarray(stored), features
@@ -138,12 +139,3 @@ def _reusable_windows(path: pathlib.Path, tokens: np.ndarray, done: int) -> int:
     count = min(done, len(stored), len(tokens))
     same = np.all(stored[:count] == tokens[:count], axis=1)
     return int(count if same.all() else np.argmin(same))
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -22,7 +22,7 @@ from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError
-from speculative.job_io import lock_output_dir
+from speculative.job_io import keep_records_up_to, lock_output_dir
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
@@ -183,7 +183,7 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
     optimizer = head_train.make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps)
     params = head.init_params(jax.random.PRNGKey(cfg.seed))
     start, params, opt_state = _restore(out, head, ids, optimizer, params)
-    _keep_metrics_up_to(out / "metrics.jsonl", start)
+    keep_records_up_to(out / "metrics.jsonl", start)
     step_fn = head_train.make_train_step(head, optimizer, cfg)
     drafter, draft_params = head_draft.build_drafter(
         target.model, target.params, config, params, ids
@@ -225,24 +225,6 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
         bar.close()
     log.close()
     return _summary(cfg, out, sides, ids, feature_s)
-
-
-def _keep_metrics_up_to(path: pathlib.Path, step: int) -> None:
-    """Drops the records a killed run logged after its last checkpoint (the resumed run logs
-    those steps again) and a line torn by the kill; rewritten atomically."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("step", 0) <= step:
-            kept.append(line + "\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    tmp.replace(path)
 
 
 def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
