@@ -1,12 +1,43 @@
 """speculative: exact speculative decoding for JAX/Flax models (T5X style)."""
 
+import pathlib
+import re
+
 from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "speculative/version.py").read_text())[1]
 
 setup(
     name="speculative",
-    version="0.1.0",
+    version=VERSION,
     description="Exact batched speculative decoding for JAX/Flax encoder-decoder and decoder-only LMs",
-    packages=find_packages(include=["speculative", "speculative.*"]),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    author="The speculative Authors",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    project_urls={
+        "Paper": "https://arxiv.org/abs/2211.17192",
+    },
+    keywords=["speculative decoding", "jax", "flax", "t5x", "language models", "inference"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    # configs/ ships inside the package as speculative/configs, so `--gin_file=configs/...` and
+    # gin `include`s resolve from an installed package too (speculative/gin_flags.py).
+    packages=find_packages(include=["speculative", "speculative.*"]) + ["speculative.configs"],
+    package_dir={"speculative.configs": "configs"},
+    package_data={"speculative.configs": ["**/*.gin"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.4.30",

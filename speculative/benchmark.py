@@ -59,7 +59,9 @@ __all__ = [
 
 
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], BenchmarkConfig, run)
+    return gin_flags.configure_and_run(
+        argv, __doc__.split("\n\n")[0], BenchmarkConfig, run, "configs/runs/benchmark.gin"
+    )
 
 
 if __name__ == "__main__":

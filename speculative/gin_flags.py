@@ -8,8 +8,10 @@
 - `--gin.NAME=VALUE` is rewritten to `--gin_bindings=NAME = VALUE` (as T5X's `gin_utils.run`).
   VALUE is gin syntax: strings need quotes (`--gin.OUTPUT_DIR="'/tmp/out'"`).
 - `--gin_search_paths` (repeatable, or comma-separated) are searched for gin files and `include`s;
-  the current directory and this repository's root are always searched, so
-  `include 'configs/models/t5_1_1/xxl.gin'` works from anywhere.
+  the current directory, this repository's root and the installed package (configs/ ships as
+  package data, `speculative/configs`) are always searched, so `--gin_file=configs/runs/infer.gin`
+  and `include 'configs/models/t5_1_1/xxl.gin'` work from anywhere, checkout or installed.
+- `--help` lists the macros of the job's defaults file with their defaults (`macro_help`).
 - Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
 - A problem the user can fix prints one line, `error: <role> <path>: <what is wrong>`, and exits
   with status 2; `--debug` prints the full traceback instead.
@@ -33,7 +35,12 @@ import gin
 
 from speculative.errors import JobError
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+# Where `configs/...` resolves: a source checkout's root, or an installed package's directory.
+CONFIG_ROOTS = (REPO_ROOT, PACKAGE_DIR)
+_MACRO = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#\s*(.*))?$")
+_LISTED = re.compile(r"^- ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*): (.*)$")
 _REQUIRED_MACRO = re.compile(r"^([A-Za-z_][\w.]*)\s*=\s*%gin\.REQUIRED\s*$", re.MULTILINE)
 
 
@@ -50,10 +57,66 @@ def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def build_parser(description: str) -> argparse.ArgumentParser:
+def find_config(name: str) -> pathlib.Path | None:
+    """The file a `configs/...` name refers to: as given, or under a checkout or the package."""
+    for root in (pathlib.Path("."), *CONFIG_ROOTS):
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
+def _listed_notes(gin_text: str) -> dict[str, str]:
+    """{NAME: text} of a header's `# - NAME, OTHER: text` items (continuation lines joined)."""
+    notes, names, text = {}, [], []
+    for line in [*gin_text.splitlines(), ""]:
+        body = line.lstrip("#").strip() if line.startswith("#") else ""
+        item = _LISTED.match(body)
+        if names and (item or not body or not line.startswith("#   ")):
+            notes.update(dict.fromkeys(names, " ".join(text)))
+            names, text = [], []
+        if item:
+            names, text = [n.strip() for n in item[1].split(",")], [item[2]]
+        elif names:
+            text.append(body)
+    return notes
+
+
+def macros(gin_text: str) -> list[tuple[str, str, str]]:
+    """(name, default, note) of every top-level `NAME = VALUE` line of a gin file; the note is
+    the line's own comment, else the first sentence of the comment block just above it, else
+    the header's `# - NAME: ...` item."""
+    listed, found, block = _listed_notes(gin_text), [], []
+    for line in gin_text.splitlines():
+        if line.startswith("#"):
+            block.append(line.lstrip("# ").rstrip())
+            continue
+        match = _MACRO.match(line)
+        if match:
+            name, value, comment = match.groups()
+            note = comment or " ".join(block).split(". ")[0] or listed.get(name, "")
+            found.append((name, value, note.strip()))
+        block = []
+    return found
+
+
+def macro_help(defaults_file: str | None) -> str:
+    """The `--help` epilog: the macros of a job's defaults gin file, with defaults and notes."""
+    shorthand = "--gin.NAME=VALUE is shorthand for --gin_bindings='NAME = VALUE'."
+    path = find_config(defaults_file) if defaults_file else None
+    if path is None:
+        return shorthand
+    lines = [f"macros of {defaults_file} (set with --gin.NAME=VALUE; VALUE in gin syntax):"]
+    for name, value, note in macros(path.read_text()):
+        value = "(required)" if value == "%gin.REQUIRED" else value
+        lines.append(f"  {name} = {value}" + (f"\n      {note}" if note else ""))
+    return "\n".join(lines + ["", shorthand])
+
+
+def build_parser(description: str, defaults_file: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description,
-        epilog="--gin.NAME=VALUE is shorthand for --gin_bindings='NAME = VALUE'.",
+        epilog=macro_help(defaults_file),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     parser.add_argument(
@@ -74,9 +137,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str], description: str) -> argparse.Namespace:
-    """Parses job flags after the `--gin.NAME=VALUE` rewriting."""
-    args = build_parser(description).parse_args(rewrite_gin_args(argv))
+def parse_args(
+    argv: Sequence[str], description: str, defaults_file: str | None = None
+) -> argparse.Namespace:
+    """Parses job flags after the `--gin.NAME=VALUE` rewriting; `--help` lists the macros of
+    `defaults_file` (the job's configs/... defaults)."""
+    args = build_parser(description, defaults_file).parse_args(rewrite_gin_args(argv))
     args.gin_search_paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     if not args.gin_file:
         raise JobError("give at least one --gin_file (e.g. --gin_file=configs/runs/infer.gin)")
@@ -101,7 +167,7 @@ def parse_gin(
         at %gin.REQUIRED (all named in the message).
     """
     gin.clear_config()
-    for path in ["."] + list(search_paths) + [str(REPO_ROOT)]:
+    for path in ["."] + list(search_paths) + [str(root) for root in CONFIG_ROOTS]:
         gin.add_config_file_search_path(path)
     try:
         gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=False)
@@ -125,12 +191,14 @@ def configure_and_run(
     description: str,
     make_config: Callable[[], Any],
     run: Callable[[Any], Any],
+    defaults_file: str | None = None,
 ) -> Any:
     """The body of a job's main(): flags -> gin -> config object -> run(config).
 
+    defaults_file: the job's defaults gin file (`configs/...`), whose macros `--help` lists.
     Returns None after --print_config; gin errors building the config become a JobError.
     """
-    args = parse_args(argv, description)
+    args = parse_args(argv, description, defaults_file)
     parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
     if args.print_config:
         print(gin.config_str())

@@ -50,7 +50,9 @@ __all__ = ["InferConfig", "PLAN", "main", "pool_rows", "run", "summarize_rows"]
 
 
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], make_config, run)
+    return gin_flags.configure_and_run(
+        argv, __doc__.split("\n\n")[0], make_config, run, "configs/runs/infer.gin"
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def _text_to_text(inputs_key: str, targets_key: str, prefix: str) -> list:
 
 
 def add_tsv_task(name: str, path: str, prefix: str, vocab: str, split: str) -> str:
-    """A Task over a local TSV of `input<TAB>target` lines (e.g. tests/data/trans_de_en.tsv)."""
+    """A Task over a local TSV of `input<TAB>target` lines (e.g. tests/data/en_de_pairs.tsv)."""
     return _add(
         name,
         source=seqio.TextLineDataSource({split: path}, cycle_length=1),

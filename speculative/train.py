@@ -344,7 +344,9 @@ def plot_losses(history: list[dict], path: pathlib.Path) -> None:
 
 
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], TrainConfig, train)
+    return gin_flags.configure_and_run(
+        argv, __doc__.split("\n\n")[0], TrainConfig, train, "configs/train/ende_base.gin"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ __all__ = ["HeadTrainConfig", "main", "run"]
 
 
 def main(argv: Sequence[str]) -> dict[str, Any] | None:
-    return gin_flags.configure_and_run(argv, __doc__.split("\n\n")[0], HeadTrainConfig, run)
+    return gin_flags.configure_and_run(
+        argv, __doc__.split("\n\n")[0], HeadTrainConfig, run, "configs/train/qwen_coder_head.gin"
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_only_full_sentence_pairs_survive_and_alternatives_pair_up():
 def test_splits_are_a_function_of_the_sentence(tmp_path):
     pairs = [
         tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
     ]
     counts = ende_data.write_splits(pairs + pairs[:5], tmp_path)  # duplicates are dropped
     assert sum(counts.values()) == len(pairs) and counts["train"] > 30
@@ -46,7 +46,7 @@ def test_splits_are_a_function_of_the_sentence(tmp_path):
 def test_jsonl_splits_hold_the_prefixed_inputs_of_the_tsv(tmp_path):
     pairs = [
         tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
     ]
     ende_data.write_splits(pairs, tmp_path)
     for split in ende_data.SPLITS:
@@ -90,7 +90,7 @@ def test_distillation_pairs_are_the_targets_translations(tmp_path):
 def test_sentencepiece_is_t5_style(tmp_path):
     sentencepiece = pytest.importorskip("sentencepiece")
     model = ende_data.train_sentencepiece(
-        ROOT / "tests/data/trans_de_en.tsv", tmp_path / "spm", 200
+        ROOT / "tests/data/en_de_pairs.tsv", tmp_path / "spm", 200
     )
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
@@ -106,7 +106,7 @@ def test_seqio_task_over_the_splits(tmp_path):
 
     pairs = [
         tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
     ]
     counts = ende_data.write_splits(pairs, tmp_path)
     model = ende_data.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)

@@ -212,9 +212,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
-            "errors", "sampling", "block_verification", "tree_verification", "metrics", "inputs",
-            "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch", "partitioning",
-            "distributed", "seqio_tasks",
+            "version", "errors", "sampling", "block_verification", "tree_verification", "metrics",
+            "inputs", "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch",
+            "partitioning", "distributed", "seqio_tasks",
         ),
     ),
     ("decoding", ("decoding",)),
@@ -223,7 +223,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags",
                      "benchmark_report")),
     ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
-              "memory")),
+              "memory", "pipeline")),
 )  # fmt: skip
 
 

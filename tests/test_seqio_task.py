@@ -1,4 +1,4 @@
-"""A seqio Task over local files (tests/data/trans_de_en.tsv) through the inference job.
+"""A seqio Task over local files (tests/data/en_de_pairs.tsv) through the inference job.
 
 Needs the seqio extra (`pip install .[seqio]`; scripts/test.sh installs it). Without it the
 end-to-end test is skipped and the job's install hint is checked instead.
@@ -24,7 +24,7 @@ def test_seqio_tsv_task_end_to_end(tmp_path, monkeypatch):
     pytest.importorskip("seqio", reason="seqio extra not installed (pip install .[seqio])")
     monkeypatch.chdir(ROOT)
     pairs = [
-        line.split("\t") for line in (ROOT / "tests/data/trans_de_en.tsv").read_text().splitlines()
+        line.split("\t") for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
     ]
     common = [
         "--gin_file=tests/data/tiny_t5_seqio.gin",

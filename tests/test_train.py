@@ -15,7 +15,7 @@ from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIN = str(ROOT / "configs/train/ende_tiny.gin")
-DATA = str(ROOT / "tests/data/trans_de_en.tsv")
+DATA = str(ROOT / "tests/data/en_de_pairs.tsv")
 # The sample's longest pair is 63 + 69 bytes (+ the 29-byte prefix and EOS): shorter features than
 # ende_tiny.gin's 128 / 96 cut nothing and make every step cheaper.
 LENGTHS = {"inputs": 96, "targets": 72}

@@ -1,0 +1,180 @@
+"""Text in, text out, for a notebook: a target and a draft loaded by name or path, and exact
+speculative decoding from strings, returning the texts and the run's statistics.
+
+    import speculative
+    pair = speculative.load_pair("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    out = pair.generate(["def fibonacci(n):"], max_new_tokens=64, gamma=5)
+    out.texts[0], out.stats["alpha"], out.stats["tau"]
+
+A model is named by a registry name (`speculative.fetch.MODELS`), a .gguf file, a Hugging Face
+directory (config.json with safetensors: a decoder-only model, or T5), a T5X checkpoint directory
+(then give its architecture, `target_model=`, and `vocabulary=`), or a `speculative.ModelSpec`.
+The draft may also be a `speculative.DraftSpec` (prompt lookup, n-gram tables, layer skip, a
+feature head) or None (plain decoding of the target).
+
+Loading is the gin jobs' own (`jobs.common.load_models`): the same vocabulary checks, padding masks
+and one-line `JobError`s naming the role and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from speculative import decoding, fetch, inputs, metrics, vocab
+from speculative import model_loading as ml
+from speculative.errors import JobError
+from speculative.jobs import common
+from speculative.sampling import SamplingConfig
+
+
+def infer_format(source: str) -> str:
+    """The `ModelSpec.format` of a registry name or path: 'gguf', 'hf', 'hf_t5' or 't5x'."""
+    if source in fetch.MODELS or source.endswith(".gguf"):
+        return "gguf"
+    path = pathlib.Path(source).expanduser()
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError) as e:
+            raise JobError(f"config.json is not readable JSON: {e}", path=str(config)) from None
+        return "hf_t5" if model_type in ("t5", "mt5", "umt5") else "hf"
+    if (path / "checkpoint").is_file() or (path / "_CHECKPOINT_METADATA").is_file():
+        return "t5x"
+    if not path.exists():
+        known = ", ".join(sorted(fetch.MODELS))
+        raise JobError(f"no such file or directory, and not a registry name ({known})", path=source)
+    raise JobError(
+        "cannot tell the format: expected a .gguf file, a Hugging Face directory (config.json) or "
+        "a T5X checkpoint directory; pass a speculative.ModelSpec instead",
+        path=source,
+    )
+
+
+def model_spec(source: str | ml.ModelSpec, model: Any = None, dtype: str = "float32") -> Any:
+    """A `ModelSpec` for a name or path (a spec, or a `DraftSpec`, is returned as is)."""
+    if not isinstance(source, str):
+        return source
+    fmt = infer_format(source)
+    if fmt == "t5x" and model is None:
+        raise JobError("a T5X checkpoint needs its architecture: pass target_model= / draft_model=")
+    path = (
+        source
+        if fmt == "gguf" and source in fetch.MODELS
+        else str(pathlib.Path(source).expanduser())
+    )
+    return ml.ModelSpec(fmt, path, model, dtype)
+
+
+def vocab_spec(spec: ml.ModelSpec) -> ml.VocabSpec:
+    """The vocabulary that comes with a model's checkpoint (GGUF, Hugging Face directories)."""
+    if spec.format == "gguf":
+        return ml.VocabSpec("gguf", spec.path)
+    if spec.format == "hf":
+        return ml.VocabSpec("hf", spec.path)
+    if spec.format == "hf_t5" and (pathlib.Path(spec.path) / "spiece.model").is_file():
+        return ml.VocabSpec("sentencepiece", str(pathlib.Path(spec.path) / "spiece.model"))
+    raise JobError(f"format {spec.format!r} carries no vocabulary: pass vocabulary=", role="target")
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What `Pair.generate` returns.
+
+    texts: the completions (stop tokens dropped), one per prompt.
+    tokens: their token ids (stop token kept, as decoded).
+    stats: `metrics.summarize` of the rows: tokens, target_calls, tau; speculative decoding adds
+      alpha, drafted, accepted, draft_calls and acceptance_by_position.
+    seconds: wall time of the decode, compilation included (a first call compiles).
+    """
+
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: dict[str, Any]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A loaded target, an optional draft (None: plain decoding) and their vocabulary."""
+
+    target: ml.Loaded
+    draft: ml.Loaded | None
+    vocabulary: vocab.Vocabulary
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        max_new_tokens: int = 64,
+        gamma: int | None = 4,
+        tree: tuple[int, ...] | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        speculative: bool = True,
+    ) -> Generation:
+        """Decodes every prompt (one batch, right-padded) with exact speculative decoding, or
+        plainly when there is no draft or `speculative` is False. Greedy (temperature 0) output
+        is token for token the target's own; sampled output is distributed as the target's."""
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
+        model = self.target.model
+        ids = inputs.tokenize(examples, self.vocabulary, model.is_encoder_decoder)
+        batch = inputs.make_batch(ids, model.is_encoder_decoder)
+        stops = vocab.stop_ids(self.vocabulary)
+        common_args = {
+            "max_decode_len": max_new_tokens,
+            "eos_id": stops,
+            "sampling": SamplingConfig(temperature, top_k, top_p),
+            "rng": jax.random.PRNGKey(seed),
+        }
+        start = time.perf_counter()
+        if self.draft is None or not speculative:
+            out = decoding.autoregressive_decode(model, self.target.params, batch, **common_args)
+        else:
+            out = decoding.speculative_decode(
+                model, self.target.params, self.draft.model, self.draft.params, batch,
+                gamma=gamma, tree=tree, **common_args,
+            )  # fmt: skip
+        out = jax.tree.map(np.asarray, out)
+        seconds = time.perf_counter() - start
+        tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(texts))]
+        decoded = [self.vocabulary.decode([t for t in row if t not in stops]) for row in tokens]
+        return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
+
+
+def load_pair(
+    target: str | ml.ModelSpec,
+    draft: str | ml.ModelSpec | ml.DraftSpec | None = None,
+    *,
+    vocabulary: ml.VocabSpec | None = None,
+    dtype: str = "float32",
+    target_model: Any = None,
+    draft_model: Any = None,
+) -> Pair:
+    """Loads a target and a draft (see the module docstring for how each may be named).
+
+    vocabulary: needed for T5X checkpoints and random weights; otherwise the target's own.
+    Raises JobError (one line naming the role and the file) for what cannot be loaded, and for
+    a draft whose vocabulary differs from the target's.
+    """
+    target_spec = model_spec(target, target_model, dtype)
+    vocabulary_spec = vocabulary or vocab_spec(target_spec)
+    drafts = [] if draft is None else [("draft", model_spec(draft, draft_model, dtype))]
+    draft_vocabulary = None
+    if drafts and isinstance(drafts[0][1], ml.ModelSpec) and vocabulary is None:
+        draft_vocabulary = vocab_spec(drafts[0][1])
+    tokenizer = ml.load_vocabulary(vocabulary_spec)
+    loaded = common.load_models(target_spec, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
+    loaded = common.with_shortlists(loaded, drafts, tokenizer, [])
+    return Pair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer)

@@ -1,0 +1,119 @@
+"""What a user installing the package gets: the license and metadata, `__version__`, the
+top-level names, the gin configs as package data (resolved from an installed copy, not the
+checkout), and `--help` listing each job's macros with their defaults."""
+
+from __future__ import annotations
+
+import email
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import speculative
+from speculative import gin_flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JOB_DEFAULTS = {
+    "infer": "configs/runs/infer.gin",
+    "benchmark": "configs/runs/benchmark.gin",
+    "train": "configs/train/ende_base.gin",
+    "train_head": "configs/train/qwen_coder_head.gin",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> pathlib.Path:
+    pytest.importorskip("setuptools")  # the venv's own build backend (no download)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(ROOT)],
+        check=True, cwd=ROOT,
+    )  # fmt: skip
+    (path,) = out.glob("speculative-*.whl")
+    return path
+
+
+def test_wheel_metadata_license_and_configs(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = email.message_from_bytes(z.read(meta_name))
+        license_text = z.read(meta_name.replace("METADATA", "licenses/LICENSE")).decode()
+    assert meta["Version"] == speculative.__version__
+    assert meta["License"] == "Apache-2.0" and "Apache License" in license_text
+    assert meta["Requires-Python"] == ">=3.10" and meta["Description-Content-Type"]
+    assert any("Apache Software License" in c for c in meta.get_all("Classifier"))
+    shipped = {n.removeprefix("speculative/") for n in names if n.endswith(".gin")}
+    in_checkout = {str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.gin")}
+    assert shipped == in_checkout
+
+
+def test_installed_package_resolves_configs_without_the_checkout(wheel, tmp_path):
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    run_dir = tmp_path / "elsewhere"
+    run_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    command = [
+        sys.executable, "-m", "speculative.infer", "--gin_file=configs/runs/infer.gin",
+        "--gin_file=configs/demo/tiny_random_models.gin", "--gin.OUTPUT_DIR='out'",
+        "--gin.INPUT_FILE='in.jsonl'", "--print_config",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "TARGET_FORMAT = 'random'" in done.stdout
+    probe = "import speculative.gin_flags as g; print(g.find_config('configs/runs/infer.gin'))"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=run_dir, env=env, capture_output=True, text=True
+    )
+    assert found.stdout.strip() == str(site / "speculative/configs/runs/infer.gin")
+
+
+def test_help_lists_every_jobs_macros_with_defaults():
+    for job, defaults in JOB_DEFAULTS.items():
+        assert gin_flags.find_config(defaults) is not None, (job, defaults)
+    text = gin_flags.macro_help("configs/runs/infer.gin")
+    assert "  GAMMA = 4\n      Draft tokens per round, or 'auto'" in text
+    assert "  TARGET_FORMAT = (required)\n      'gguf'" in text  # from the header's list
+    assert "  TEMPERATURE = 0.0" in text
+    done = subprocess.run(
+        [sys.executable, "-m", "speculative.benchmark", "--help"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "macros of configs/runs/benchmark.gin" in done.stdout
+    assert "  NUM_EXAMPLES = 8" in done.stdout
+
+
+def test_macros_parser():
+    gin_text = (
+        "# Header.\n# - A_X, B_Y: two things\n#   that wrap\n\nA_X = %gin.REQUIRED\n"
+        "# Above C. More.\nC = 3  # inline wins\nD = 'd'\n# Above E. More.\nE = None\n"
+        "scope/thing.x = 1\n"
+    )
+    assert gin_flags.macros(gin_text) == [
+        ("A_X", "%gin.REQUIRED", "two things that wrap"),
+        ("C", "3", "inline wins"),
+        ("D", "'d'", ""),
+        ("E", "None", "Above E"),
+    ]
+
+
+def test_top_level_names_are_lazy_and_real():
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, speculative; print('jax' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "False"  # `import speculative` pulls in no JAX
+    from speculative import decoding, sampling
+
+    assert speculative.speculative_decode is decoding.speculative_decode
+    assert speculative.SamplingConfig is sampling.SamplingConfig
+    assert {"load_pair", "ModelSpec", "__version__"} <= set(dir(speculative))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        speculative.nope  # noqa: B018
