@@ -205,13 +205,20 @@ class Variant:
     temperatures: Sequence[float] | None = None
 
 
-def check_lenience(lenience: Any) -> None:
-    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy."""
+def check_lenience(lenience: Any, greedy: bool = False) -> None:
+    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy, or, for a greedy job
+    (temperature 0), that it is ignored: greedy verification accepts a draft token exactly when it
+    is the target's arg-max, whatever l is, so the output stays exact."""
     if isinstance(lenience, bool) or not isinstance(lenience, (int, float)):
         raise JobError(f"lenience must be a number in (0, 1], got {lenience!r}")
     if not 0 < lenience <= 1:
         raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
-    if lenience < 1:
+    if lenience < 1 and greedy:
+        print(
+            f"note: lenience {lenience} is ignored at temperature 0 (greedy verification keeps a "
+            "draft token only where it is the target's arg-max): outputs are exact"
+        )
+    elif lenience < 1:
         print(
             f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
             "samples of the target (rows and summaries say exact: false)"

@@ -209,3 +209,8 @@ def test_fit_ngram_counts_the_python_standard_library(tmp_path):
     tables = ngram.load(out)
     assert tables.unigram.shape == (264,)
     assert float(tables.unigram[ord("e") + 3]) > float(tables.unigram[ord("~") + 3])
+
+
+def test_lenience_beside_variants_is_refused():
+    with pytest.raises(JobError, match="LENIENCE 0.5 applies only without VARIANTS"):
+        benchmark.validate(_cfg(lenience=0.5))

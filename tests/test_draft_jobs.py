@@ -159,3 +159,36 @@ def test_benchmark_with_prompt_lookup_writes_its_json(tmp_path):
     result = json.loads((out / "benchmark.json").read_text())
     assert "prompt_lookup" in json.dumps(result)
     assert '"exact": true' in json.dumps(result)
+
+
+def _infer_config(**overrides):
+    from speculative import job_config
+    from speculative import model_loading as ml
+    from speculative.sampling import SamplingConfig
+
+    spec = ml.ModelSpec("random", model=helpers.tiny_decoder_model(264, 32, 1, 2, 1))
+    fields = {
+        "target": spec, "draft": spec, "vocabulary": ml.VocabSpec("byte"),
+        "output_dir": "/unused", "input_file": "x.jsonl", "sampling": SamplingConfig(0.0),
+    }  # fmt: skip
+    return job_config.InferConfig(**{**fields, **overrides})
+
+
+def test_lenience_at_temperature_zero_is_ignored_and_said_once(capsys):
+    from speculative.jobs.infer import settings
+
+    cfg = _infer_config(lenience=0.5)
+    settings.validate(cfg)
+    s = settings.resolve(cfg)
+    assert s.lenience == 1.0 and s.exact  # greedy verification: exact whatever l is
+    out = capsys.readouterr().out
+    assert out.count("lenience 0.5 is ignored at temperature 0") == 1 and "LOSSY" not in out
+
+
+def test_auto_gamma_with_an_adaptive_policy_is_refused_before_loading():
+    from speculative import decoding
+    from speculative.jobs.infer import settings
+
+    policy = decoding.GammaPolicy(kind="confidence", threshold=0.4)
+    with pytest.raises(JobError, match="cannot plan for GAMMA_POLICY kind 'confidence'"):
+        settings.validate(_infer_config(gamma="auto", gamma_policy=policy))

@@ -14,6 +14,7 @@ the call turns compute-bound. The planner therefore scores every γ with the mea
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,10 +50,31 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        fields = {f.name for f in dataclasses.fields(cls)} - {"candidates"}
-        candidates = {int(g): float(s) for g, s in data["candidates"].items()}
-        return cls(**{k: data[k] for k in fields}, candidates=candidates)
+    def from_json(cls, data: Any) -> Plan:
+        """The plan `to_json` wrote; ValueError naming the first field that is missing, of the
+        wrong type or out of range (a truncated, edited or foreign plan never decodes)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a plan is a JSON object, got {type(data).__name__}")
+        candidates = data.get("candidates")
+        if not isinstance(candidates, Mapping) or not candidates:
+            raise ValueError("'candidates' must be a non-empty object {gamma: predicted speedup}")
+        scored = {
+            _gamma(g, "a candidate"): _number(v, f"candidates[{g}]", 0.0)
+            for g, v in candidates.items()
+        }
+        gamma = data.get("gamma", "missing")
+        if gamma is not None:
+            gamma = _gamma(gamma, "'gamma'")
+            if gamma not in scored:
+                raise ValueError(f"'gamma' {gamma} is not among the candidates {sorted(scored)}")
+        return cls(
+            gamma=gamma,
+            predicted_speedup=_number(data.get("predicted_speedup"), "'predicted_speedup'", 0.0),
+            alpha=_number(data.get("alpha"), "'alpha'", 0.0, 1.0),
+            target_step_s=_number(data.get("target_step_s"), "'target_step_s'", 0.0, strict=True),
+            draft_step_s=_number(data.get("draft_step_s"), "'draft_step_s'", 0.0),
+            candidates=scored,
+        )
 
     def describe(self) -> str:
         best = max(self.candidates.items(), key=lambda gs: gs[1])
@@ -66,6 +88,27 @@ class Plan:
                 f"predicted {best[1]:.2f}x)"
             )
         return f"planner: gamma {self.gamma}, predicted {self.predicted_speedup:.2f}x ({measured})"
+
+
+def _gamma(value: Any, what: str) -> int:
+    """A γ read back from JSON: an integer >= 1 (candidates' keys are decimal strings)."""
+    if isinstance(value, str) and value.isdecimal():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be an integer gamma >= 1 or null, got {value!r}")
+    return value
+
+
+def _number(
+    value: Any, what: str, low: float, high: float = math.inf, strict: bool = False
+) -> float:
+    """A finite number read back from JSON, in [low, high] (> low when strict)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    if value < low or value > high or (strict and value == low):
+        bound = f"> {low}" if strict else f"in [{low}, {high}]"
+        raise ValueError(f"{what} must be {bound}, got {value!r}")
+    return float(value)
 
 
 def plan(

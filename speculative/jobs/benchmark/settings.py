@@ -42,6 +42,11 @@ def validate(cfg: BenchmarkConfig) -> None:
         raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
     job_config.check_num_examples(cfg.num_examples)
     if cfg.variants is not None:
+        if cfg.lenience != 1:  # variants_of would drop it without a word
+            raise JobError(
+                f"LENIENCE {cfg.lenience} applies only without VARIANTS; give the variants their "
+                "own lenience (speculative.Variant.lenience)"
+            )
         validate_variants(cfg)
 
 

@@ -22,14 +22,29 @@ PLAN = "plan.json"
 
 
 def load_plan(out_dir: pathlib.Path, job: Mapping[str, Any]) -> planner.Plan | None:
-    """The plan an earlier run of this same job made (None if none, or another job's)."""
+    """The plan an earlier run of this same job made (None if there is none).
+
+    Raises JobError for a plan.json that is not this job's plan (unreadable, truncated, edited
+    out of range, or written by another job): rows already written used the plan, so guessing
+    again could mix two γs in one output."""
     path = out_dir / PLAN
     if not path.exists():
         return None
-    record = json.loads(path.read_text())
-    if record.get("fingerprint") != json.loads(json.dumps(job)):  # a job that took the dir over
-        return None
-    return planner.Plan.from_json(record["plan"])
+    fix = "delete it to plan again (and the predictions made with it)"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise JobError(f"not a readable plan ({e}); {fix}", role="plan", path=path) from None
+    if not isinstance(record, dict) or "plan" not in record:
+        raise JobError(f"not a plan (no 'plan' object); {fix}", role="plan", path=path)
+    if record.get("fingerprint") != json.loads(json.dumps(job)):
+        raise JobError(
+            f"written by another job (its fingerprint differs); {fix}", role="plan", path=path
+        )
+    try:
+        return planner.Plan.from_json(record["plan"])
+    except ValueError as e:
+        raise JobError(f"{e}; {fix}", role="plan", path=path) from None
 
 
 def save_plan(out_dir: pathlib.Path, job: Mapping[str, Any], plan: planner.Plan) -> None:

@@ -33,7 +33,7 @@ def validate(cfg: InferConfig) -> None:
         if cfg.draft_vocabulary is not None:
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
     check_gamma(cfg)
-    job_config.check_lenience(cfg.lenience)
+    job_config.check_lenience(cfg.lenience, greedy=cfg.sampling.greedy)
     job_config.check_acceptance(cfg.acceptance, cfg.lenience)
     if cfg.speculative:
         check_tree(cfg)
@@ -67,6 +67,11 @@ def check_gamma(cfg: InferConfig) -> None:
         raise JobError(f"GAMMA_POLICY must be a @decoding.GammaPolicy(), got {cfg.gamma_policy!r}")
     if cfg.gamma != "auto" or not cfg.speculative:
         return
+    if cfg.gamma_policy.kind != "fixed":  # the planner's cost model drafts gamma every round
+        raise JobError(
+            f"GAMMA = 'auto' plans a fixed gamma; it cannot plan for GAMMA_POLICY kind "
+            f"{cfg.gamma_policy.kind!r}: bind an integer GAMMA with an adaptive policy"
+        )
     gammas = cfg.planner_gammas
     if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
         raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
@@ -251,7 +256,8 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
         gamma=cfg.gamma if tree is None else tree.depth,
         tree=tree,
         gamma_policy=cfg.gamma_policy,
-        lenience=float(cfg.lenience),
+        # Greedy verification ignores l (check_lenience said so): the rows are exact.
+        lenience=1.0 if cfg.sampling.greedy else float(cfg.lenience),
         acceptance=cfg.acceptance,
         separate_model=common.is_separate_model(cfg.draft),
         planning=planning,
