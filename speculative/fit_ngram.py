@@ -8,7 +8,8 @@ vocabulary loading (`speculative.VocabSpec`) and counted by `drafts.ngram.fit`; 
 writes the .npz that `NGRAM_TABLES` names. vocab_size must be the target's output width as the
 job sees it (default: the vocabulary's size; a model table padded past the tokenizer keeps its
 padded width, e.g. 264 for configs/demo/tiny_random_models.gin). Fitting on the target's own
-samples: pass the predictions.jsonl of an infer run with --input_field=output. --count=targets
+samples: pass the predictions.jsonl of an infer run with --input_field=output (then only that
+field is counted, not the file's reference 'targets', unless --count=both). --count=targets
 counts the targets alone: for a translation target (configs/repro), whose decoder only ever
 emits the target language, the source side would blur the tables.
 --input_file=python_stdlib counts this interpreter's standard library sources instead
@@ -31,7 +32,7 @@ from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
 
 STDLIB = "python_stdlib"  # --input_file naming the standard library's .py sources
-COUNT_CHOICES = ("both", "inputs", "targets")
+COUNT_CHOICES = ("auto", "both", "inputs", "targets")
 
 
 def token_sequences(
@@ -40,13 +41,14 @@ def token_sequences(
     input_field: str,
     limit: int | None = None,
     stdlib_bytes: int = 8 << 20,
-    count: str = "both",
+    count: str = "auto",
 ) -> list[list[int]]:
-    """Token ids of every example's input and/or target text (count: "both", "inputs" or
-    "targets"), one sequence per text; for input_file STDLIB, of each standard library source
+    """Token ids of every example's input and/or target text (count: "both", "inputs",
+    "targets" or "auto", see `resolve_count`), one sequence per text; for input_file STDLIB, of each standard library source
     file (up to stdlib_bytes of text)."""
     if count not in COUNT_CHOICES:
         raise JobError(f"count must be one of {COUNT_CHOICES}, got {count!r}")
+    count = resolve_count(count, input_field)
     if input_file == STDLIB:
         texts = shortlist.python_sources(stdlib_bytes)[:limit]
         return [list(vocabulary.encode(t)) for t in texts]
@@ -54,6 +56,17 @@ def token_sequences(
     sides = {"both": ("inputs", "targets"), "inputs": ("inputs",), "targets": ("targets",)}
     texts = [t for ex in examples for t in (getattr(ex, side) for side in sides[count]) if t]
     return [list(vocabulary.encode(t)) for t in texts]
+
+
+def resolve_count(count: str, input_field: str) -> str:
+    """'auto': both sides of a corpus read by its 'inputs' field; only the named field of any
+    other (a predictions file read by 'output' must not count its reference 'targets')."""
+    if count != "auto":
+        return count
+    if input_field == "inputs":
+        return "both"
+    print(f"counting the {input_field!r} field only (--count=both adds the 'targets' column)")
+    return "inputs"
 
 
 def fit_file(
@@ -64,7 +77,7 @@ def fit_file(
     vocab_size: int | None = None,
     limit: int | None = None,
     stdlib_bytes: int = 8 << 20,
-    count: str = "both",
+    count: str = "auto",
 ) -> ngram.NgramTables:
     """Tokenises `input_file` with `vocab_spec`, fits the tables and writes them to `out`
     (`~` expanded, its folder made)."""
@@ -94,7 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_examples", type=int, default=None)
     parser.add_argument("--vocab_size", type=int, default=None)
     parser.add_argument("--stdlib_bytes", type=int, default=8 << 20)
-    parser.add_argument("--count", choices=COUNT_CHOICES, default="both")
+    parser.add_argument(
+        "--count",
+        choices=COUNT_CHOICES,
+        default="auto",
+        help="texts counted: auto = inputs and targets of a corpus read by 'inputs', else the "
+        "--input_field alone (a predictions file's reference column is not counted)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)

@@ -74,6 +74,14 @@ def test_fit_ngram_counts_the_targets_alone_when_asked(tmp_path):
         assert int(np.asarray(tables.successors)[100, 0]) == 101
     with pytest.raises(JobError, match="count must be one of"):
         fit_ngram.token_sequences(None, str(corpus), "inputs", count="sources")
+    # A predictions file read by its 'output' field: the reference 'targets' are not counted.
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text(json.dumps({"inputs": "q", "output": "xxxx", "targets": "abab"}) + "\n")
+    out = tmp_path / "auto.npz"
+    argv = ["--vocab_kind=byte", f"--input_file={predictions}", "--input_field=output"]
+    assert fit_ngram.main([*argv, f"--out={out}"]) == 0
+    successors = np.asarray(ngram.load(str(out)).successors)
+    assert int(successors[123, 0]) == 123 and int(successors[100, 0]) != 101
 
 
 @pytest.mark.parametrize(

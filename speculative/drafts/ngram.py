@@ -104,28 +104,64 @@ def fit(
 
 
 def save(tables: NgramTables, path: str | os.PathLike) -> None:
-    np.savez(
-        path, **{f.name: np.asarray(getattr(tables, f.name)) for f in dataclasses.fields(tables)}
-    )
+    """Writes the tables as an .npz, atomically: a temporary file, fsynced, renamed into place
+    (a killed write leaves the old file or none, never a torn one)."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                **{x.name: np.asarray(getattr(tables, x.name)) for x in dataclasses.fields(tables)},
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load(path: str | os.PathLike) -> NgramTables:
-    """Reads tables written by `save`; raises ValueError naming the file if they are malformed."""
+    """Reads tables written by `save`; raises ValueError naming the file and the first problem:
+    a missing array, a shape, dtype or value out of place (probabilities that are negative, not
+    finite or do not sum to 1; successor ids outside the vocabulary; negative counts)."""
     with np.load(path, allow_pickle=False) as data:
         try:
-            tables = NgramTables(
-                **{f.name: jnp.asarray(data[f.name]) for f in dataclasses.fields(NgramTables)}
-            )
+            arrays = {f.name: np.asarray(data[f.name]) for f in dataclasses.fields(NgramTables)}
         except KeyError as e:
             raise ValueError(f"{path}: not an n-gram table file (missing {e})") from e
-    v, k = tables.successors.shape if tables.successors.ndim == 2 else (-1, -1)
-    if (
-        tables.unigram.shape != (v,)
-        or tables.successor_counts.shape != (v, k)
-        or tables.backoff.ndim
-    ):
-        raise ValueError(f"{path}: inconsistent n-gram table shapes")
-    return tables
+    problem = _table_problem(**arrays)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    return NgramTables(
+        unigram=jnp.asarray(arrays["unigram"], jnp.float32),
+        successors=jnp.asarray(arrays["successors"], jnp.int32),
+        successor_counts=jnp.asarray(arrays["successor_counts"], jnp.float32),
+        backoff=jnp.asarray(arrays["backoff"], jnp.float32),
+    )
+
+
+def _table_problem(
+    unigram: np.ndarray, successors: np.ndarray, successor_counts: np.ndarray, backoff: np.ndarray
+) -> str | None:
+    """What is wrong with a set of tables read from a file, or None."""
+    v, k = successors.shape if successors.ndim == 2 else (-1, -1)
+    if unigram.shape != (v,) or successor_counts.shape != (v, k) or backoff.ndim or v < 1:
+        return "inconsistent n-gram table shapes"
+    kinds = {"unigram": unigram, "successor_counts": successor_counts, "backoff": backoff}
+    for name, array in kinds.items():
+        if not np.issubdtype(array.dtype, np.floating):
+            return f"{name} must be floating point, got {array.dtype}"
+        if not np.all(np.isfinite(array)) or np.any(array < 0):
+            return f"{name} has negative or non-finite values"
+    if not np.issubdtype(successors.dtype, np.integer):
+        return f"successors must be integer ids, got {successors.dtype}"
+    if successors.size and (successors.min() < 0 or successors.max() >= v):
+        return f"successor ids must be in 0..{v - 1}, got {successors.min()}..{successors.max()}"
+    if abs(float(unigram.sum(dtype=np.float64)) - 1.0) > 1e-3 or float(backoff) == 0:
+        return "unigram probabilities must sum to 1 and the backoff weight be > 0"
+    return None
 
 
 def bigram_probs(tables: NgramTables, previous: jax.Array) -> jax.Array:
