@@ -4,8 +4,9 @@
 #   data -> SentencePiece -> target + 3 drafts (optax) -> distillation labels -> distilled draft
 #   -> n-gram tables -> Table 3 alphas (speculative.infer) -> Table 2 timing (speculative.benchmark)
 #   -> Table 2 rows and BLEU (speculative.infer over the test split) -> report
-# Every step is skipped when its output exists (a killed run resumes; training resumes from its
-# last checkpoint). Wall time per step goes to runs/ende/times.tsv.
+# Every step that finished is skipped on a rerun: a step counts as finished only once its command
+# exited 0 (scripts/steps.sh), so a step killed midway runs again (training resumes from its last
+# checkpoint, inference from its last written row). Wall time per step goes to runs/ende/times.tsv.
 #   bash scripts/reproduce_ende.sh            everything (~2 h on 2 cores)
 #   bash scripts/reproduce_ende.sh report     the tables again, from what runs/ende holds
 set -euo pipefail
@@ -15,34 +16,21 @@ py=.venv/bin/python
 runs=runs/ende
 mkdir -p "$runs"
 
-step() {  # step NAME DONE_FILE CMD...: runs CMD unless DONE_FILE exists, and records its time
-  local name=$1 done_file=$2
-  shift 2
-  if [[ -e "$done_file" ]]; then
-    echo "== $name: done ($done_file)"
-    return
-  fi
-  echo "== $name"
-  local start=$SECONDS
-  "$@"
-  printf '%s\t%s\n' "$name" "$((SECONDS - start))" >>"$runs/times.tsv"
-}
+source scripts/steps.sh  # step NAME CMD...: done only when CMD exited 0 (a marker), timed
 
 train() {  # train CONFIG RUN
-  step "train $2" "$runs/$2/summary.json" \
-    "$py" -m speculative.train --gin_file="configs/train/$1.gin" --gin.OUTPUT_DIR="'$runs/$2'"
+  step "train $2" "$py" -m speculative.train --gin_file="configs/train/$1.gin" --gin.OUTPUT_DIR="'$runs/$2'"
 }
 
 infer() {  # infer NAME GIN_FILE FLAGS...
   local name=$1 gin_file=$2
   shift 2
-  step "infer $name" "$runs/$name/summary.json" \
-    "$py" -m speculative.infer --gin_file="$gin_file" --gin.OUTPUT_DIR="'$runs/$name'" \
+  step "infer $name" "$py" -m speculative.infer --gin_file="$gin_file" --gin.OUTPUT_DIR="'$runs/$name'" \
     --gin.speculative.InferConfig.progress=False "$@"
 }
 
 if [[ "${1:-}" != "report" ]]; then
-  step data data/ende/test.jsonl "$py" -m speculative.ende_data --out data/ende --vocab_size 4000
+  step data "$py" -m speculative.ende_data --out data/ende --vocab_size 4000
   train ende_target target
   train ende_draft_small draft_small
   train ende_draft_base draft_base
@@ -51,11 +39,11 @@ if [[ "${1:-}" != "report" ]]; then
   # Sequence-level distillation: the target's greedy and sampled translations of the train split.
   infer labels_t0 configs/repro/labels.gin --gin.TEMPERATURE=0.0
   infer labels_t1 configs/repro/labels.gin --gin.TEMPERATURE=1.0
-  step "distillation labels" data/ende/train_distill.tsv "$py" -m speculative.ende_data \
+  step "distillation labels" "$py" -m speculative.ende_data \
     --labels_from "$runs/labels_t0" "$runs/labels_t1" --labels_out data/ende/train_distill.tsv
   train ende_draft_small_distilled draft_small_distilled
 
-  step "n-gram tables" "$runs/ngram.npz" "$py" -m speculative.fit_ngram \
+  step "n-gram tables" "$py" -m speculative.fit_ngram \
     --vocab_kind=sentencepiece --vocab_path=data/ende/spm.model --extra_ids=100 \
     --vocab_size=4224 --input_file=data/ende/train.jsonl --count=targets --out="$runs/ngram.npz"
 
@@ -73,8 +61,7 @@ if [[ "${1:-}" != "report" ]]; then
   # target's own; the decode loop's alpha covers only the positions it verified).
   for t in 0 1; do
     for d in small base large small_distilled; do
-      step "alpha at every position t${t}_$d" "$runs/alpha_tf/t${t}_$d.json" \
-        "$py" scripts/teacher_forced_alpha.py --gin_file="configs/repro/ende_t${t}_$d.gin" \
+      step "alpha at every position t${t}_$d" "$py" scripts/teacher_forced_alpha.py --gin_file="configs/repro/ende_t${t}_$d.gin" \
         --predictions "$runs/alpha/t${t}_$d" --out "$runs/alpha_tf/t${t}_$d.json"
     done
   done
@@ -84,8 +71,7 @@ if [[ "${1:-}" != "report" ]]; then
   # ran XLA:CPU out of memory maps ("LLVM compilation error: Cannot allocate memory", then a
   # segfault) on this machine (vm.max_map_count 65530).
   for t in 0 1; do
-    step "benchmark T=$t" "$runs/benchmark_t$t/benchmark.json" \
-      "$py" -m speculative.benchmark --gin_file=configs/repro/benchmark.gin \
+    step "benchmark T=$t" "$py" -m speculative.benchmark --gin_file=configs/repro/benchmark.gin \
       --gin.OUTPUT_DIR="'$runs/benchmark_t$t'" --gin.TEMPERATURES="[$t.0]"
   done
 
