@@ -32,8 +32,12 @@ import json
 import pathlib
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
+
+from speculative import gin_flags, job_io
+from speculative.errors import JobError
 
 MARKUP = re.compile(r"[/(){}\[\];|]|\b(jd|etw|sb|sth)\.")
 SPLITS = ("train", "validation", "test")
@@ -75,33 +79,66 @@ def write_splits(pairs: Sequence[tuple[str, str]], out: pathlib.Path) -> dict[st
             seen.add(english)
             rows[split_of(english)].append(f"{english}\t{german}\n")
     for split, lines in rows.items():
-        (out / f"{split}.tsv").write_text("".join(lines), encoding="utf-8")
-        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            for line in lines:
-                english, german = line.rstrip("\n").split("\t")
-                record = {"inputs": TASK_PREFIX + english, "targets": german}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        job_io.write_text_atomic(out / f"{split}.tsv", "".join(lines))
+        records = []
+        for line in lines:
+            english, german = line.rstrip("\n").split("\t")
+            record = {"inputs": TASK_PREFIX + english, "targets": german}
+            records.append(json.dumps(record, ensure_ascii=False) + "\n")
+        job_io.write_text_atomic(out / f"{split}.jsonl", "".join(records))
     return {split: len(lines) for split, lines in rows.items()}
 
 
 def distillation_pairs(prediction_dirs: Sequence[pathlib.Path]) -> list[tuple[str, str]]:
     """(english, the target's translation) of every row of each infer run's predictions.jsonl,
-    in order; the runs decoded the Task's inputs, so T5's prefix is stripped again. A row whose
-    input lacks the prefix, or an empty output, is an error (the labels would be wrong)."""
+    in order; the runs decoded the Task's inputs, so T5's prefix is stripped again.
+
+    Raises JobError naming the run (and line) for labels that would be wrong: the same run given
+    twice, a run that has not finished (no summary.json), a row that is not JSON, lacks its
+    prefix or output, or was decoded lossily (lenience < 1: not the target's own translation)."""
+    runs = [pathlib.Path(run) for run in prediction_dirs]
+    resolved = [run.resolve() for run in runs]
+    for i, run in enumerate(resolved):
+        if run in resolved[:i]:
+            raise JobError("the same infer run is given twice", role="labels", path=runs[i])
     pairs = []
-    for run in prediction_dirs:
-        path = pathlib.Path(run) / "predictions.jsonl"
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
+    for run in runs:
+        if not (run / "summary.json").is_file():
+            raise JobError(
+                "not a finished infer run (no summary.json): let it finish, or rerun it",
+                role="labels",
+                path=run,
+            )
+        pairs += _run_pairs(run / "predictions.jsonl")
+    if not pairs:
+        raise JobError(f"no predictions in {', '.join(map(str, runs))}", role="labels")
+    return pairs
+
+
+def _run_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            where = f"{path}:{line_no}"
+            try:
                 row = json.loads(line)
                 source, output = row["inputs"], row["output"].strip()
-                if not source.startswith(TASK_PREFIX) or not output:
-                    raise ValueError(f"{path}:{line_no}: not a translation of a prefixed input")
-                if "\t" in output or "\n" in output:
-                    output = " ".join(output.split())
-                pairs.append((source[len(TASK_PREFIX) :], output))
-    if not pairs:
-        raise ValueError(f"no predictions in {list(map(str, prediction_dirs))}")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise JobError(
+                    f"not a predictions row ({e!r})", role="labels", path=where
+                ) from None
+            if not source.startswith(TASK_PREFIX) or not output:
+                raise JobError("not a translation of a prefixed input", role="labels", path=where)
+            if row.get("exact") is False:
+                raise JobError(
+                    f"decoded lossily (lenience {row.get('lenience')}): not the target's own "
+                    "translation",
+                    role="labels",
+                    path=where,
+                )
+            if "\t" in output or "\n" in output:
+                output = " ".join(output.split())
+            pairs.append((source[len(TASK_PREFIX) :], output))
     return pairs
 
 
@@ -126,40 +163,63 @@ def train_sentencepiece(
 
 
 def fetch_dictionary(workdir: pathlib.Path) -> pathlib.Path:
-    """Downloads and unpacks the Debian package; returns the path of its de-en dictionary."""
+    """Downloads and unpacks the Debian package; returns the path of its de-en dictionary.
+    Raises JobError when the system's package tools are missing or fail."""
     workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["apt-get", "download", "trans-de-en"], cwd=workdir, check=True)
-    (deb,) = sorted(workdir.glob("trans-de-en_*.deb"))
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(workdir / "root")], check=True)
+    commands = (
+        ["apt-get", "download", "trans-de-en"],
+        ["dpkg-deb", "-x", "{deb}", str(workdir / "root")],
+    )
+    for command in commands:
+        debs = sorted(workdir.glob("trans-de-en_*.deb"))
+        command = [part.format(deb=debs[-1] if debs else "") for part in command]
+        try:
+            subprocess.run(command, cwd=workdir, check=True)
+        except FileNotFoundError:
+            raise JobError(
+                f"{command[0]} is not installed: the corpus comes from the Debian package "
+                "trans-de-en; elsewhere pass --dictionary=<its unpacked de-en file>",
+                role="dictionary",
+            ) from None
+        except subprocess.CalledProcessError as e:
+            raise JobError(
+                f"{' '.join(command)} failed (exit {e.returncode})", role="dictionary"
+            ) from None
     return workdir / "root/usr/share/trans/de-en"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+    """The command; a problem the user can fix is a JobError (one line, exit 2, under run_job)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data/ende")
     parser.add_argument("--dictionary", help="an unpacked de-en file (default: download it)")
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--labels_from", nargs="+", type=pathlib.Path, help="infer OUTPUT_DIRs")
     parser.add_argument("--labels_out", type=pathlib.Path, help="the distillation TSV to write")
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     args = parser.parse_args(argv)
     if args.labels_from:
         if not args.labels_out:
             parser.error("--labels_from needs --labels_out")
         pairs = distillation_pairs(args.labels_from)
         lines = "".join(f"{english}\t{german}\n" for english, german in pairs)
-        args.labels_out.write_text(lines, encoding="utf-8")
+        job_io.write_text_atomic(args.labels_out, lines)
         print(f"{len(pairs)} distillation pairs in {args.labels_out}")
         return {"distill": len(pairs)}
     out = pathlib.Path(args.out)
     source = (
         pathlib.Path(args.dictionary) if args.dictionary else fetch_dictionary(out / "download")
     )
-    with open(source, encoding="utf-8") as f:
-        counts = write_splits(sentence_pairs(f), out)
+    try:
+        with open(source, encoding="utf-8") as f:
+            pairs = sentence_pairs(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise JobError(f"cannot read it: {e}", role="dictionary", path=source) from None
+    counts = write_splits(pairs, out)
     model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
     print(f"{counts} pairs in {out}; vocabulary {model}")
     return counts
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(gin_flags.run_job(main))

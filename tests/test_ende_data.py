@@ -5,7 +5,8 @@ import pathlib
 
 import pytest
 
-from speculative import ende_data
+from speculative import ende_data, gin_flags
+from speculative.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINES = [
@@ -57,9 +58,11 @@ def test_jsonl_splits_hold_the_prefixed_inputs_of_the_tsv(tmp_path):
         ]
 
 
-def _predictions(run: pathlib.Path, rows: list[dict]) -> pathlib.Path:
+def _predictions(run: pathlib.Path, rows: list[dict], finished: bool = True) -> pathlib.Path:
     run.mkdir()
     (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished:
+        (run / "summary.json").write_text("{}")
     return run
 
 
@@ -83,8 +86,41 @@ def test_distillation_pairs_are_the_targets_translations(tmp_path):
         "A cat.\tKatze.",
     ]
     bad = _predictions(tmp_path / "bad", [{"index": 0, "inputs": "A cat.", "output": "Katze."}])
-    with pytest.raises(ValueError, match="predictions.jsonl:1: not a translation"):
+    with pytest.raises(JobError, match="predictions.jsonl:1: not a translation"):
         ende_data.distillation_pairs([bad])
+
+
+@pytest.mark.parametrize(
+    "rows, finished, twice, message",
+    [
+        ([{"inputs": "translate English to German: A.", "output": "B."}], False, False,
+         "not a finished infer run"),
+        ([{"inputs": "translate English to German: A.", "output": "B."}], True, True,
+         "the same infer run is given twice"),
+        ([{"inputs": "translate English to German: A.", "output": "B.", "exact": False,
+           "lenience": 0.5}], True, False, r"predictions.jsonl:1: decoded lossily \(lenience 0.5\)"),
+        (["torn"], True, False, "predictions.jsonl:1: not a predictions row"),
+        ([], True, False, "no predictions in"),
+    ],
+)  # fmt: skip
+def test_labels_that_would_be_wrong_are_one_line_errors(tmp_path, rows, finished, twice, message):
+    run = _predictions(tmp_path / "run", rows, finished)
+    if rows == ["torn"]:
+        (run / "predictions.jsonl").write_text('{"inputs": "transl')
+    out = tmp_path / "distill.tsv"
+    argv = ["--labels_from", str(run), *([str(tmp_path / "run/")] if twice else [])]
+    assert gin_flags.run_job(ende_data.main, [*argv, "--labels_out", str(out)]) == 2
+    with pytest.raises(JobError, match=message) as e:
+        ende_data.main([*argv, "--labels_out", str(out)])
+    assert "\n" not in str(e.value) and not out.exists()
+
+
+def test_missing_package_tools_are_one_line_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get here
+    with pytest.raises(JobError, match="apt-get is not installed: .* pass --dictionary="):
+        ende_data.fetch_dictionary(tmp_path / "download")
+    with pytest.raises(JobError, match="^dictionary .*nope.tsv: cannot read it"):
+        ende_data.main(["--dictionary", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "o")])
 
 
 def test_sentencepiece_is_t5_style(tmp_path):
