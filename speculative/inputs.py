@@ -262,11 +262,14 @@ def read_task(
     name: str, split: str, feature_lengths: Mapping[str, int], limit: int | None
 ) -> list[Example]:
     """The first `limit` examples of a registered seqio Task/Mixture split, in dataset order (no
-    shuffle). ids are seqio's token ids of "inputs" (trimmed to feature_lengths["inputs"] - 1, then
-    EOS). Raises JobError when the split is empty or seqio is missing."""
+    shuffle). ids are seqio's token ids of "inputs", untrimmed (EOS appended where the Task adds
+    it): `encode` trims them as it trims text, so a long input is reported (`truncated_from`) or
+    refused (STRICT_INPUTS) as a file's would be. Raises JobError when the split is empty or seqio
+    is missing. feature_lengths: unused by seqio here (kept for the callers' signature)."""
+    del feature_lengths  # trimmed by `encode`, which knows how long each input was
     seqio = require_seqio()
     dataset = seqio.get_mixture_or_task(name).get_dataset(
-        sequence_length=dict(feature_lengths), split=split, shuffle=False, num_epochs=1
+        sequence_length=None, split=split, shuffle=False, num_epochs=1, trim_output_features=False
     )
     if limit is not None:
         dataset = dataset.take(limit)
@@ -312,18 +315,14 @@ def encode(
     """Token ids per example, truncated to max_len (None: no limit), with their untruncated count.
 
     Encoder inputs keep their start and end with EOS, as in T5 (and seqio); decoder prompts keep
-    their end, where generation continues. seqio ids are already trimmed and end with EOS, which
-    only encoders keep. Raises JobError for an input with no tokens.
+    their end, where generation continues. seqio ids (untrimmed, `read_task`) end with EOS where
+    the Task appends it: encoders keep it (after trimming, as seqio's `append_eos_after_trim`),
+    decoder prompts drop it. Raises JobError for an input with no tokens.
     """
     out = []
     for ex in examples:
         if ex.ids is not None:
-            full = list(ex.ids)
-            ids = full[:max_len]
-            if not encoder_decoder and ids and ids[-1] == vocabulary.eos_id:
-                ids = ids[:-1]
-            cut = max_len is not None and len(full) > max_len  # seqio trims first, as a rule
-            length = len(full) if cut else len(ids)
+            ids, length = _trim_ids(list(ex.ids), vocabulary.eos_id, encoder_decoder, max_len)
         elif encoder_decoder:
             text_ids = vocabulary.encode(ex.inputs)
             keep = None if max_len is None else max_len - 1
@@ -338,6 +337,19 @@ def encode(
             raise JobError(f"input {ex.index} {what}")
         out.append(Encoded(ids, length))
     return out
+
+
+def _trim_ids(
+    full: list[int], eos_id: int, encoder_decoder: bool, max_len: int | None
+) -> tuple[list[int], int]:
+    """(ids as decoded, untruncated length) of pre-tokenized ids, trimmed as text is."""
+    ends_with_eos = bool(full) and full[-1] == eos_id
+    if not encoder_decoder:
+        full = full[:-1] if ends_with_eos else full
+        return (full if max_len is None else full[-max_len:]), len(full)
+    if max_len is None or len(full) <= max_len:
+        return full, len(full)
+    return (full[: max_len - 1] + [eos_id] if ends_with_eos else full[:max_len]), len(full)
 
 
 def tokenize(

@@ -136,7 +136,11 @@ def test_encode_reports_the_untruncated_length():
     encoder = inputs.encode(examples, vocab, encoder_decoder=True, max_len=4)
     assert [(e.full_length, e.truncated) for e in encoder] == [(7, True), (3, False)]  # + EOS
     seqio = [inputs.Example(0, "abcdef", ids=(97, 98, 99, 1))]
-    assert inputs.encode(seqio, vocab, encoder_decoder=True, max_len=2)[0].full_length == 4
+    # Untrimmed seqio ids are trimmed as text is: an encoder keeps EOS, a decoder prompt its end.
+    encoded = inputs.encode(seqio, vocab, encoder_decoder=True, max_len=2)[0]
+    assert (encoded.ids, encoded.full_length, encoded.truncated) == ([97, 1], 4, True)
+    encoded = inputs.encode(seqio, vocab, encoder_decoder=False, max_len=2)[0]
+    assert (encoded.ids, encoded.full_length, encoded.truncated) == ([98, 99], 3, True)
     assert not inputs.encode(seqio, vocab, encoder_decoder=False, max_len=8)[0].truncated
     with pytest.raises(JobError, match=r"^input f\.jsonl:7: input 3 is empty"):
         inputs.encode([inputs.Example(3, "", source="f.jsonl:7")], vocab, False, 4)

@@ -46,7 +46,17 @@ def test_seqio_tsv_task_end_to_end(tmp_path, monkeypatch):
         assert row["inputs"] == PREFIX + english and row["targets"] == german
         assert row["output_ids"] == plain_row["output_ids"]  # greedy: speculative == plain (T5)
         assert 1 <= row["length"] <= 12
+        # Byte ids + EOS past TASK_FEATURE_LENGTHS['inputs'] = 48: cut, and said, as for a file.
+        full = len((PREFIX + english).encode()) + 1
+        assert row.get("truncated_from") == (full if full > 48 else None)
     assert spec["examples"] == plain["examples"] == 6 and 0.0 < spec["alpha"] <= 1.0
+    assert spec["truncated_inputs"] == sum(
+        len((PREFIX + e).encode()) + 1 > 48 for e, _ in pairs[:6]
+    )
+    with pytest.raises(JobError, match=r"strict_inputs; \d+ input\(s\) too long"):
+        infer.main(
+            common + [f"--gin.OUTPUT_DIR='{tmp_path / 'strict'}'", "--gin.STRICT_INPUTS=True"]
+        )
 
 
 def test_task_name_without_seqio_says_how_to_install(monkeypatch):
