@@ -67,13 +67,16 @@ setup(
             "torch>=2.2",
             "transformers>=4.45",
             "accelerate>=0.26",  # transformers needs it to load GGUF files (slow real-weight test)
+            # Orbax-format T5X checkpoints, whole and per shard (tests/test_orbax_t5x_shards.py).
+            "orbax-checkpoint>=0.12",
         ],
         "seqio": ["seqio>=0.0.19"],
         # scripts/reproduce_ende.sh: the EnDe reproduction's seqio Task and BLEU.
         "repro": ["seqio>=0.0.19", "sacrebleu>=2.4"],
         # scripts/compare_hf.py only: the Hugging Face anchor (torch CPU, transformers' GGUF reader).
         "compare": ["torch>=2.2", "transformers>=4.45", "accelerate>=0.26"],
-        # Orbax-format T5X checkpoints (checkpoints.load_t5x reads classic T5X ones without it).
-        "orbax": ["orbax-checkpoint>=0.5"],
+        # Orbax-format T5X checkpoints (checkpoints.load_t5x reads classic T5X ones without it);
+        # 0.12: partial restores (only the parameter subtree is read).
+        "orbax": ["orbax-checkpoint>=0.12"],
     },
 )

@@ -5,8 +5,9 @@ here `jax.make_array_from_callback` asks, per device, for the index range that d
 TensorStore reads just those chunks, so no host ever holds a full split parameter. Replicated
 parameters are read once per host and copied to each local device.
 
-Builds on speculative/checkpoints/t5x.py (msgpack parsing helpers, spec paths); Orbax checkpoints
-are read whole by that module and then placed (`Partitioner.place_params`).
+Builds on speculative/checkpoints/t5x.py (msgpack parsing helpers, spec paths). Orbax-format T5X
+checkpoints are restored the same way, slice by slice onto each device, by orbax-checkpoint
+(`checkpoints.orbax_t5x.restore_sharded`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from speculative.checkpoints import t5x, validation
+from speculative.checkpoints import orbax_t5x, t5x, validation
 from speculative.models import t5
 from speculative.partitioning import Partitioner
 
@@ -95,7 +96,7 @@ def load_t5x_sharded(
       partitioner: mesh and rules; `role` picks the target's or the draft's rules.
       dtype: parameter dtype (bfloat16 on accelerators); cast slice by slice.
       allow_missing_chunks: accept absent zarr chunk files (read as the fill value); refused by
-        default, as in `checkpoints.load_t5x`.
+        default, as in `checkpoints.load_t5x` (classic T5X format only).
     Returns:
       Nested params of global jax.Arrays sharded as `partitioner.param_shardings(model, role)`.
     Raises:
@@ -105,10 +106,9 @@ def load_t5x_sharded(
     where = f"T5X checkpoint {path}"
     model = t5.T5(config)
     shardings = validation.flatten(partitioner.param_shardings(model, role))
-    if t5x.is_orbax(path):
-        params = t5x.load_t5x(path, config, dtype, allow_missing_chunks=allow_missing_chunks)
-        return partitioner.place_params(model, params, role)
     expected = validation.expected_shapes(jax.eval_shape(model.init_params, jax.random.PRNGKey(0)))
+    if t5x.is_orbax(path):  # orbax-checkpoint reads each device's slices (checkpoints/orbax_t5x.py)
+        return validation.unflatten(orbax_t5x.restore_sharded(path, expected, shardings, dtype))
     flat, version = open_t5x(path, expected, allow_missing_chunks)
     placed = {
         name: jax.make_array_from_callback(

@@ -1,4 +1,5 @@
-"""Runs the 8-device SPMD tests (tests/test_sharded_decoding.py) in subprocesses.
+"""Runs the 8-device SPMD tests (tests/test_sharded_decoding.py, and tests/test_orbax_t5x_shards.py
+when orbax-checkpoint is installed) in subprocesses.
 
 XLA's host device count is fixed when JAX starts, and the rest of the suite runs on one device in
 this process; so the sharded tests get their own interpreter with
@@ -7,17 +8,23 @@ test fails unless all of them pass (none skipped). Two interpreters, one per mod
 test here under a minute on a busy 2-core machine.
 """
 
+import importlib.util
+
 import pytest
 
 from tests import helpers
 
-MODULE = "tests/test_sharded_decoding.py"
-# -k expression -> how many tests it selects at least (17 in all).
+MODULES = ["tests/test_sharded_decoding.py"]
+# -k expression -> how many tests it selects at least (17 in all, 21 with orbax).
 HALVES = {"t5": 6, "not t5": 11}
+# Orbax-format T5X checkpoints restored per shard; the module's name puts it in the "t5" half.
+if importlib.util.find_spec("orbax") is not None:
+    MODULES.append("tests/test_orbax_t5x_shards.py")
+    HALVES["t5"] += 4
 
 
 @pytest.mark.parametrize("selection", sorted(HALVES))
 def test_sharded_suite_on_8_host_devices(selection, tmp_path):
     helpers.run_pytest_on_host_devices(
-        [MODULE, "-k", selection], tmp_path / "spmd.xml", min_tests=HALVES[selection]
+        [*MODULES, "-k", selection], tmp_path / "spmd.xml", min_tests=HALVES[selection]
     )

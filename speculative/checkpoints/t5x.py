@@ -17,7 +17,8 @@ an array is opened, which checks the `.zarray` against them; shapes are checked 
 before any data is read, so a corrupt `.zarray` cannot make the loader allocate more than the model.
 
 Orbax checkpoints (a `_METADATA` or `manifest.ocdbt` file in the directory) are read with
-orbax-checkpoint when it is installed; the parameters are the `target` (T5X) or `params` subtree.
+orbax-checkpoint when it is installed (checkpoints/orbax_t5x.py); the parameters are the `target`
+(T5X) or `params` subtree.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization
 
-from speculative.checkpoints import validation
+from speculative.checkpoints import orbax_t5x, validation
 from speculative.models import t5
 
 _ORBAX_MARKERS = ("_METADATA", "manifest.ocdbt")
@@ -277,28 +278,6 @@ def read_t5x_params(
     }
 
 
-def read_orbax_params(path: str) -> dict[str, np.ndarray]:
-    """Flat params of an Orbax PyTree checkpoint (its `target` or `params` subtree)."""
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError as e:
-        raise ImportError(f"{path} is an Orbax checkpoint: pip install orbax-checkpoint") from e
-    try:
-        metadata = ocp.PyTreeCheckpointer().metadata(path).item_metadata
-        tree = metadata.tree if hasattr(metadata, "tree") else metadata
-        restore_args = jax.tree_util.tree_map(
-            lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree
-        )
-        restored = ocp.PyTreeCheckpointer().restore(path, restore_args=restore_args)
-    except Exception as e:
-        raise ValueError(f"Orbax checkpoint {path}: cannot read: {e}") from e
-    for key in ("target", "params"):
-        if isinstance(restored, dict) and key in restored:
-            restored = restored[key]
-            break
-    return validation.flatten(restored)
-
-
 def is_orbax(path: str) -> bool:
     return any(_read_bytes(path, marker) is not None for marker in _ORBAX_MARKERS)
 
@@ -321,7 +300,7 @@ def load_t5x(
     """
     expected = jax.eval_shape(t5.T5(config).init_params, jax.random.PRNGKey(0))
     if is_orbax(path):
-        flat = read_orbax_params(path)
+        flat = orbax_t5x.read_orbax_params(path)
     else:
         shapes = validation.expected_shapes(expected)
         flat = read_t5x_params(path, shapes, allow_missing_chunks)
