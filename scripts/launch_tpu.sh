@@ -104,7 +104,7 @@ case "$command" in
     run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" --worker="$WORKERS" \
       --command="mkdir -p $REMOTE_DIR"
     run gcloud compute tpus tpu-vm scp --recurse --zone="$ZONE" --worker="$WORKERS" \
-      setup.py pyproject.toml README.md speculative configs scripts "$TPU_NAME:$REMOTE_DIR/"
+      setup.py pyproject.toml README.md LICENSE speculative configs scripts "$TPU_NAME:$REMOTE_DIR/"
     on_vm "python3 -m pip install -U 'jax[tpu]' && python3 -m pip install -e '.[seqio]'"
     ;;
   infer)

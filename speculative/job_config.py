@@ -52,7 +52,7 @@ class InferConfig:
     strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
       (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
     partitioner: None (one device, unsharded) or `@partitioning.create_partitioner()` (a
-      ('data', 'model') mesh; batch_size must divide by 'data'); see README "Cloud TPU / multi-host".
+      ('data', 'model') mesh; batch_size must divide by 'data'); see docs/tpu.md.
     multi_host: the job runs on every host of a pod slice (`distributed.initialize`); each host
       feeds its rows of each batch, process 0 alone writes the outputs. Needs a partitioner.
     compilation_cache_dir: JAX's persistent compilation cache: 'auto' (<parent of output_dir>/
