@@ -200,14 +200,19 @@ def configure_and_run(
     """
     args = parse_args(argv, description, defaults_file)
     parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
-    if args.print_config:
-        print(gin.config_str())
-        return None
     try:
-        cfg = make_config()
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise JobError(f"gin config: {e}") from e
-    return run(cfg)
+        if args.print_config:
+            print(gin.config_str())
+            return None
+        try:
+            cfg = make_config()
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise JobError(f"gin config: {e}") from e
+        return run(cfg)
+    finally:
+        # The config was read into `cfg` once; a finalized (locked) gin would refuse the
+        # configurables of any module imported later in this process (a notebook, or another job).
+        gin.clear_config()
 
 
 def run_job(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:

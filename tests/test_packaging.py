@@ -129,3 +129,19 @@ def test_demo_shows_whole_lines_and_no_ansi_codes_in_a_file(capsys):
     demo.print_completion(inputs.Example(0, "def f():\n"), {**row, "completion": "    pass"})
     out = capsys.readouterr().out  # not a terminal: no bold escape codes
     assert "def f():\n    pass" in out and "\033" not in out
+
+
+def test_a_job_leaves_gin_open_for_modules_imported_after_it(tmp_path):
+    """A notebook runs one job, then imports another job's module (which registers gin
+    configurables): gin must not still be locked by the first job."""
+    probe = (
+        "from speculative import train\n"
+        "train.main(['--gin_file=configs/train/ende_tiny.gin', \"--gin.OUTPUT_DIR='x'\", "
+        "'--print_config'])\n"
+        "import speculative.infer, speculative.train_head\n"
+        "print('imported')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("imported"), done.stderr[-2000:]
