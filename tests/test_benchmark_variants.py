@@ -214,3 +214,12 @@ def test_fit_ngram_counts_the_python_standard_library(tmp_path):
 def test_lenience_beside_variants_is_refused():
     with pytest.raises(JobError, match="LENIENCE 0.5 applies only without VARIANTS"):
         benchmark.validate(_cfg(lenience=0.5))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"top_p": 0.0}, r"top_p must be in \(0, 1\]"), ({"top_k": -1}, "top_k must be an integer")],
+)
+def test_sampling_settings_are_refused_before_any_weight_is_read(overrides, message):
+    with pytest.raises(JobError, match=f"^sampling: SamplingConfig.{message}"):
+        benchmark.validate(_cfg(**overrides))

@@ -38,6 +38,11 @@ def validate(cfg: BenchmarkConfig) -> None:
         raise JobError(
             f"temperatures must be a non-empty list of values >= 0, got {cfg.temperatures}"
         )
+    for temperature in cfg.temperatures:  # TOP_K / TOP_P refused now, not after loading weights
+        try:
+            SamplingConfig(float(temperature), cfg.top_k, cfg.top_p)
+        except (TypeError, ValueError) as e:
+            raise JobError(f"sampling: {e}") from None
     if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
         raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
     job_config.check_num_examples(cfg.num_examples)
