@@ -13,7 +13,9 @@ import os
 import pathlib
 import shutil
 
+import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -110,6 +112,18 @@ def test_config_fields(saved):
     assert mistral.head_dim == 16 and mistral.max_seq_len == 48  # capped at the window
     half, _ = load_hf_decoder(saved["qwen2_draft"], dtype=jnp.bfloat16)
     assert half.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("stored", [ml_dtypes.bfloat16, np.float16])
+def test_half_precision_files_read_as_the_requested_dtype(saved, tmp_path, stored):
+    directory = _copy(saved, "qwen2_draft", tmp_path)
+    _rewrite(directory, lambda t: t.update({k: v.astype(stored) for k, v in t.items()}))
+    _, params = load_hf_decoder(directory, dtype=jnp.float32)
+    _, full = load_hf_decoder(saved["qwen2_draft"], dtype=jnp.float32)
+    for ours, reference in zip(jax.tree.leaves(params), jax.tree.leaves(full)):
+        assert ours.dtype == jnp.float32
+        expected = np.asarray(reference).astype(stored).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(ours), expected)
 
 
 def test_greedy_speculative_equals_plain(saved):
