@@ -188,6 +188,23 @@ def test_missing_wrong_shape_and_wrong_dtype_tensors(saved, tmp_path):
     assert f"tensor '{name}' has dtype I32" in _load_error(ints)
 
 
+def test_tied_head_and_stored_rope_buffers_are_checked(saved, tmp_path):
+    """A tied config's lm_head.weight must equal the embedding (transformers would drop it); old
+    Llama files' rotary_emb.inv_freq buffers must equal the config's frequencies."""
+    untied = _copy(saved, "qwen2_gqa_bias", tmp_path / "untied")
+    config = json.loads((untied / "config.json").read_text())
+    (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    assert "'lm_head.weight' differs from 'model.embed_tokens.weight'" in _load_error(untied)
+
+    buffers = _copy(saved, "qwen2_draft", tmp_path / "buffers")
+    name = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    inv = 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    _rewrite(buffers, lambda t: t.update({name: inv.astype(np.float32)}))
+    load_hf_decoder(buffers)
+    _rewrite(buffers, lambda t: t.update({name: (inv / 2).astype(np.float32)}))
+    assert f"tensor '{name}' differs from the RoPE frequencies" in _load_error(buffers)
+
+
 def test_pickle_only_directory_is_refused(saved, tmp_path):
     directory = tmp_path / "bin"
     directory.mkdir()
