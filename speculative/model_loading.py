@@ -7,6 +7,8 @@ touches weights, so a config can be checked (tests/test_all_gin_configs.py) with
 Formats (ModelSpec.format):
   'gguf'    path: a .gguf file or a registry name of `speculative.fetch.MODELS` (fetched on first
             use); the architecture comes from the file, so `model` stays unbound.
+  'hf'      path: a Hugging Face Llama / Qwen2 / Mistral directory (config.json +
+            model.safetensors or a sharded index; never pickle); architecture from config.json.
   'hf_t5'   path: a Hugging Face T5 directory (config.json + *.safetensors); architecture from it.
   't5x'     path: a T5X checkpoint directory (local or gs://); `model` gives the architecture.
   'random'  RANDOM WEIGHTS from `model.init_params(PRNGKey(seed))`: for tests and smoke runs only,
@@ -49,8 +51,8 @@ from speculative.models import decoder, padding, t5
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
 
-FORMATS = ("gguf", "hf_t5", "t5x", "random")
-VOCAB_KINDS = ("gguf", "sentencepiece", "byte")
+FORMATS = ("gguf", "hf", "hf_t5", "t5x", "random")
+VOCAB_KINDS = ("gguf", "hf", "sentencepiece", "byte")
 
 
 @gin.configurable(module="speculative")
@@ -72,8 +74,9 @@ class ModelSpec:
 @gin.configurable(module="speculative")
 @dataclasses.dataclass(frozen=True)
 class VocabSpec:
-    """Which vocabulary: 'gguf' (path or registry name), 'sentencepiece' (a .model file, T5's
-    extra ids), or 'byte' (ByT5's byte vocabulary, no file)."""
+    """Which vocabulary: 'gguf' (path or registry name), 'hf' (a Hugging Face model directory or
+    its tokenizer.json), 'sentencepiece' (a .model file, T5's extra ids), or 'byte' (ByT5's byte
+    vocabulary, no file)."""
 
     kind: str = gin.REQUIRED
     path: str | None = None
@@ -134,7 +137,7 @@ def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
         raise JobError(f"{role}: format 'random' takes no path (got {spec.path!r})")
     if spec.format == "t5x" and not isinstance(spec.model, t5.T5):
         raise JobError(f"{role}: format 't5x' needs a t5.T5 model, got {type(spec.model).__name__}")
-    if spec.format in ("hf_t5", "t5x"):
+    if spec.format in ("hf", "hf_t5", "t5x"):
         check_path(role, f"format {spec.format!r}", spec.path)
     if spec.format == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
         check_path(role, "format 'gguf'", spec.path)
@@ -142,7 +145,7 @@ def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
 
 def is_encoder_decoder(spec: ModelSpec) -> bool:
     """Whether a spec's model is an encoder-decoder, known without reading its weights."""
-    if spec.format in ("gguf", "hf_t5"):
+    if spec.format in ("gguf", "hf", "hf_t5"):
         return spec.format == "hf_t5"
     return bool(spec.model.is_encoder_decoder)
 
@@ -268,6 +271,9 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
     if spec.format == "gguf":
         config, params = checkpoints.load_gguf(_gguf_path(role, spec.path), dtype=dtype)
         return decoder.DecoderLM(config), params
+    if spec.format == "hf":
+        config, params = checkpoints.load_hf_decoder(spec.path, dtype=dtype)
+        return decoder.DecoderLM(config), params
     if spec.format == "hf_t5":
         config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
         return t5.T5(config), params
@@ -305,6 +311,8 @@ def validate_vocab_spec(spec: VocabSpec, role: str) -> None:
         raise JobError(f"{role}: unknown VocabSpec.kind {spec.kind!r}; known: {VOCAB_KINDS}")
     if spec.kind == "sentencepiece":
         check_path(role, "a SentencePiece vocabulary", spec.path)
+    if spec.kind == "hf":
+        check_path(role, "a Hugging Face vocabulary (model directory or tokenizer.json)", spec.path)
     if spec.kind == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
         check_path(role, "a GGUF vocabulary", spec.path)
 
@@ -317,6 +325,8 @@ def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabula
             return vocab.ByteVocabulary(extra_ids=spec.extra_ids)
         if spec.kind == "sentencepiece":
             return vocab.SentencePieceVocabulary(_local_copy(spec.path), extra_ids=spec.extra_ids)
+        if spec.kind == "hf":
+            return vocab.from_hf(spec.path)
         return vocab.from_gguf(_gguf_path(role, spec.path))
     except JobError:
         raise

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.models import base
+from speculative.models import base, rope
 from speculative.models.base import DecodeState
 
 
@@ -49,6 +49,9 @@ class DecoderConfig:
     head_dim: int
     mlp_dim: int
     rope_theta: float = 10000.0
+    # () plain RoPE, else sorted (key, value) pairs of a scaled variant (models.rope: linear,
+    # llama3, yarn), as a Hugging Face config names it.
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
     norm_eps: float = 1e-6
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
@@ -75,6 +78,8 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling:
+            rope.check_scaling(self.rope_scaling)
 
 
 def _param(module: nn.Module, name: str, shape, axes, std: float, dtype=jnp.float32):
@@ -82,13 +87,23 @@ def _param(module: nn.Module, name: str, shape, axes, std: float, dtype=jnp.floa
     return module.param(name, init, shape, dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding, rotate-half convention. x: [B, L, H, D]; positions: [B, L]."""
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float, scaling: tuple = ()) -> jax.Array:
+    """Rotary embedding, rotate-half convention. x: [B, L, H, D]; positions: [B, L].
+
+    scaling: a DecoderConfig.rope_scaling (models.rope); () is plain RoPE.
+    """
     half = x.shape[-1] // 2
-    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    factor = 1.0
+    if scaling:
+        inv_np, factor = rope.frequencies(x.shape[-1], theta, scaling)
+        inv_freq = jnp.asarray(inv_np)
+    else:
+        inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, D/2]
     sin = jnp.sin(angles)[:, :, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
+    if factor != 1.0:  # YaRN's attention factor scales both
+        sin, cos = sin * factor, cos * factor
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
@@ -149,8 +164,8 @@ class SelfAttention(nn.Module):
         v_proj = Projection(
             (k, d, e), ("kv_heads", "kv", "embed"), use_bias=cfg.qkv_bias, name="value"
         )
-        query = apply_rope(q_proj(x), positions, cfg.rope_theta)
-        key = apply_rope(k_proj(x), positions, cfg.rope_theta)
+        query = apply_rope(q_proj(x), positions, cfg.rope_theta, cfg.rope_scaling)
+        key = apply_rope(k_proj(x), positions, cfg.rope_theta, cfg.rope_scaling)
         value = v_proj(x)
         keys = base.write_kv(layer_cache["key"], base.heads_major(key), index)
         values = base.write_kv(layer_cache["value"], base.heads_major(value), index)

@@ -164,6 +164,13 @@ def run(cfg: HeadTrainConfig) -> dict[str, Any]:
         target = ml.load_model(cfg.target, "target")
         if not isinstance(target.model, decoder.DecoderLM):
             raise JobError(f"a feature head needs a DecoderLM target, got {target.model!r}")
+        if target.model.config.rope_scaling:  # the head's own layer computes plain RoPE only
+            raise JobError(
+                "a feature head uses plain RoPE; a target with RoPE scaling "
+                f"{dict(target.model.config.rope_scaling).get('rope_type')!r} is not supported",
+                role="target",
+                path=ml.where(cfg.target),
+            )
         started = time.perf_counter()
         sides = _features(cfg, out, target, vocabulary)
         feature_s = time.perf_counter() - started
