@@ -18,7 +18,7 @@ import gin
 # Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.*,
 # partitioning.create_partitioner, distributed.initialize and speculative.ModelSpec / VocabSpec,
 # so every job that parses a config imports this module.
-from speculative import configurables, distributed, inputs, model_loading, partitioning  # noqa: F401
+from speculative import configurables, distributed, model_loading, partitioning, seqio_inputs  # noqa: F401
 from speculative.decoding import GammaPolicy
 from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
 from speculative.decoding.tree import TreeShape
@@ -110,7 +110,7 @@ def check_num_examples(value: Any) -> None:
 
 def seqio_tasks_module():
     """speculative.seqio_tasks, or a JobError saying how to install seqio."""
-    inputs.require_seqio()
+    seqio_inputs.require_seqio()
     return importlib.import_module("speculative.seqio_tasks")
 
 

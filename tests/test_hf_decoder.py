@@ -322,3 +322,17 @@ def test_infer_job_with_hf_target_and_draft(saved, tmp_path, monkeypatch):
     assert [r["output_ids"] for r in rows[True]] == [r["output_ids"] for r in rows[False]]
     assert all(max(r["output_ids"]) < 300 for r in rows[True])  # padding ids 300.. are masked
     assert os.path.basename(str(saved["qwen2_gqa_bias"])) in json.dumps(summary)
+
+
+def test_notebook_api_loads_hf_directories_by_path(saved):
+    """`speculative.load_pair` on two Hugging Face directories: the format ('hf') and the
+    vocabulary (their tokenizer.json, checked against each other) come from the paths alone."""
+    import speculative
+
+    for name in ("qwen2_gqa_bias", "qwen2_draft"):
+        _tokenizer(saved[name], TEXTS * 20)
+    pair = speculative.load_pair(str(saved["qwen2_gqa_bias"]), draft=str(saved["qwen2_draft"]))
+    spec = pair.generate(["def add(a, b):", "Hello"], max_new_tokens=10, gamma=3)
+    plain = pair.generate(["def add(a, b):", "Hello"], max_new_tokens=10, speculative=False)
+    assert spec.tokens == plain.tokens and spec.texts == plain.texts
+    assert all(max(t) < 300 for t in spec.tokens) and "alpha" in spec.stats

@@ -214,7 +214,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "version", "errors", "sampling", "block_verification", "tree_verification", "metrics",
             "inputs", "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch",
-            "partitioning", "distributed", "seqio_tasks",
+            "partitioning", "distributed", "seqio_tasks", "seqio_inputs",
         ),
     ),
     ("decoding", ("decoding",)),

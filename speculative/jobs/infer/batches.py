@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from speculative import inputs, job_spmd, vocab
+from speculative import inputs, job_spmd, seqio_inputs, vocab
 from speculative.errors import JobError
 from speculative.inputs import Example
 from speculative.jobs.infer.settings import Inputs, Settings
@@ -28,12 +28,12 @@ def load_examples(s: Inputs) -> list[Example]:
             target_field=s.target_field,
             limit=s.num_examples,
         )
-    inputs.require_seqio()
+    seqio_inputs.require_seqio()
     if s.task_module:
         importlib.import_module(s.task_module)
     if s.task_setup is not None:
         s.task_setup()
-    return inputs.read_task(
+    return seqio_inputs.read_task(
         s.mixture_or_task_name, s.task_split, dict(s.feature_lengths), s.num_examples
     )
 
