@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import pathlib
 import sys
 import time
@@ -26,11 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, metrics, vocab
+from speculative import checkpoints, decoding, fetch, inputs, logs, metrics, vocab
 from speculative.drafts import shortlist
 from speculative.measure import runner, timing
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -100,7 +103,7 @@ def load(name: str) -> Model:
     path = fetch.ensure_model(name)
     start = time.perf_counter()
     config, params = checkpoints.load_gguf(path, dtype=jnp.float32)
-    print(
+    log.info(
         f"loaded {name}: {config.num_layers} layers, emb {config.emb_dim}, "
         f"{sum(x.size for x in jax.tree.leaves(params)) / 1e9:.2f}B params "
         f"in {time.perf_counter() - start:.1f}s"
@@ -116,7 +119,9 @@ def with_shortlist(draft: Model, size: int, examples: Sequence[inputs.Example]) 
     prompts = inputs.tokenize(examples, draft.vocabulary, encoder_decoder=False)
     ids = shortlist.for_prompts(draft.vocabulary, size, prompts, vocab_size=draft.model.vocab_size)
     config, params = decoder.restrict_head(draft.model.config, draft.params, ids)
-    print(f"draft head: {len(ids)} of {draft.model.vocab_size} ids (Python stdlib + the prompts)")
+    log.info(
+        f"draft head: {len(ids)} of {draft.model.vocab_size} ids (Python stdlib + the prompts)"
+    )
     return Model(
         f"{draft.name} (shortlist {len(ids)})", decoder.DecoderLM(config), params, draft.vocabulary
     )
@@ -315,6 +320,7 @@ def print_result(r: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    logs.setup()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     target, draft = load(args.target), load(args.draft)
     vocab.check_compatible(draft.vocabulary, target.vocabulary)
@@ -323,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = decoding.DecodeConfig(
         args.max_decode_len, target.vocabulary.stop_ids, sampling, args.gamma
     )
-    print(
-        f"\njax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
+    log.info(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
         f"gamma {args.gamma}, {sampling}"
     )
     decoded = decode_prompts(target, draft, examples, config, args.batch_size, args.seed)
@@ -344,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    log.info(f"wrote {out}")
     return result
 
 

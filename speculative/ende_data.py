@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import pathlib
 import re
 import subprocess
@@ -36,8 +37,10 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 
-from speculative import gin_flags, job_io
+from speculative import gin_flags, job_io, logs
 from speculative.errors import JobError
+
+log = logging.getLogger(__name__)
 
 MARKUP = re.compile(r"[/(){}\[\];|]|\b(jd|etw|sb|sth)\.")
 SPLITS = ("train", "validation", "test")
@@ -198,13 +201,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
     parser.add_argument("--labels_out", type=pathlib.Path, help="the distillation TSV to write")
     parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     args = parser.parse_args(argv)
+    logs.setup()
     if args.labels_from:
         if not args.labels_out:
             parser.error("--labels_from needs --labels_out")
         pairs = distillation_pairs(args.labels_from)
         lines = "".join(f"{english}\t{german}\n" for english, german in pairs)
         job_io.write_text_atomic(args.labels_out, lines)
-        print(f"{len(pairs)} distillation pairs in {args.labels_out}")
+        log.info(f"{len(pairs)} distillation pairs in {args.labels_out}")
         return {"distill": len(pairs)}
     out = pathlib.Path(args.out)
     source = (
@@ -217,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
         raise JobError(f"cannot read it: {e}", role="dictionary", path=source) from None
     counts = write_splits(pairs, out)
     model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
-    print(f"{counts} pairs in {out}; vocabulary {model}")
+    log.info(f"{counts} pairs in {out}; vocabulary {model}")
     return counts
 
 

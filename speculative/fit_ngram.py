@@ -22,14 +22,17 @@ emits the target language, the source side would blur the tables.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from speculative import inputs, vocab
+from speculative import inputs, logs, vocab
 from speculative import model_loading as ml
 from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
+
+log = logging.getLogger(__name__)
 
 STDLIB = "python_stdlib"  # --input_file naming the standard library's .py sources
 COUNT_CHOICES = ("auto", "both", "inputs", "targets")
@@ -93,7 +96,7 @@ def fit_file(
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     ngram.save(tables, out)
     tokens = sum(len(s) for s in sequences)
-    print(f"fitted {len(sequences)} texts, {tokens} tokens, vocab size {width}: wrote {out}")
+    log.info(f"fitted {len(sequences)} texts, {tokens} tokens, vocab size {width}: wrote {out}")
     return tables
 
 
@@ -116,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    logs.setup()
     spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)
     try:
         fit_file(

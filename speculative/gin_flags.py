@@ -15,6 +15,8 @@
 - Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
 - A problem the user can fix prints one line, `error: <role> <path>: <what is wrong>`, and exits
   with status 2; `--debug` prints the full traceback instead.
+- The job logs to stderr with timestamps and levels (`speculative.logs`); `--log_level=WARNING`
+  keeps only warnings and errors.
 
 This module knows no job and registers no configurable: a job imports the modules whose
 configurables its gin files bind (e.g. `speculative.job_config`) before parsing. No absl: plain
@@ -33,6 +35,7 @@ from typing import Any
 
 import gin
 
+from speculative import logs
 from speculative.errors import JobError
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
@@ -134,6 +137,9 @@ def build_parser(description: str, defaults_file: str | None = None) -> argparse
     parser.add_argument(
         "--debug", action="store_true", help="print the full traceback of an error, not one line"
     )
+    parser.add_argument(
+        "--log_level", default="INFO", choices=logs.LEVELS, help="the least level logged (stderr)"
+    )
     return parser
 
 
@@ -199,6 +205,7 @@ def configure_and_run(
     Returns None after --print_config; gin errors building the config become a JobError.
     """
     args = parse_args(argv, description, defaults_file)
+    logs.setup(args.log_level)
     parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
     try:
         if args.print_config:

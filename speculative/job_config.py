@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 @gin.configurable(module="speculative")
@@ -214,13 +217,13 @@ def check_lenience(lenience: Any, greedy: bool = False) -> None:
     if not 0 < lenience <= 1:
         raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
     if lenience < 1 and greedy:
-        print(
+        log.info(
             f"note: lenience {lenience} is ignored at temperature 0 (greedy verification keeps a "
             "draft token only where it is the target's arg-max): outputs are exact"
         )
     elif lenience < 1:
-        print(
-            f"WARNING: lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
+        log.warning(
+            f"lenience {lenience} < 1: lenient acceptance is LOSSY, outputs are not "
             "samples of the target (rows and summaries say exact: false)"
         )
 

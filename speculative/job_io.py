@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,6 +24,8 @@ from typing import Any
 
 from speculative.errors import JobError
 from speculative.inputs import Example
+
+log = logging.getLogger(__name__)
 
 PREDICTIONS = "predictions.jsonl"
 JOB = "job.json"
@@ -146,7 +149,7 @@ class ResultStore:
             with open(self.path, "r+b") as f:
                 f.truncate(complete)
                 os.fsync(f.fileno())
-            print(f"{self.path}: dropped a torn last line ({len(data) - complete} bytes)")
+            log.warning(f"{self.path}: dropped a torn last line ({len(data) - complete} bytes)")
         done: dict[int, dict[str, Any]] = {}
         for line_no, line in enumerate(data[:complete].splitlines(), 1):
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from speculative import logs
 from speculative.measure.memory import format_table, paper_report
 
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_decode_len", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=7)
     a = parser.parse_args(argv)
+    logs.setup()  # the table is the output (stdout); anything logged goes to stderr
     print(
         f"GiB per device, bf16 params, batch {a.batch_size}, input {a.input_len}, "
         f"decode {a.max_decode_len}, gamma {a.gamma}"

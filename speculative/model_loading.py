@@ -26,6 +26,7 @@ and `build_draft` builds one for the fitted target.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ from speculative.errors import (
 from speculative.models import decoder, padding, t5
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("gguf", "hf", "hf_t5", "t5x", "random")
 VOCAB_KINDS = ("gguf", "hf", "sentencepiece", "byte")
@@ -187,7 +190,7 @@ def with_shortlist(
     except ValueError as e:
         raise JobError(f"shortlist: {e}", role=role) from e
     restricted = mask(decoder.DecoderLM(config))
-    print(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
+    log.info(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
     return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
 
 
@@ -233,7 +236,7 @@ def load_model(spec: ModelSpec, role: str = "model", partitioner: Any = None) ->
     except LOADER_ERRORS + MALFORMED_ERRORS as e:
         raise loader_error(e, role, where(spec)) from e
     count = sum(x.size for x in jax.tree.leaves(params))
-    print(
+    log.info(
         f"{role}: {describe(spec)}: {count / 1e6:.1f}M params in {time.perf_counter() - start:.1f}s"
     )
     return Loaded(model, params, describe(spec))
@@ -382,7 +385,7 @@ def fit_vocabulary(
         "model_output_ids": sizes,
         "masked_ids": [used, max(sizes.values())],
     }
-    print(
+    log.info(
         f"vocabulary: {used} tokens, model output ids {sizes}: ids {used}..."
         f"{max(sizes.values()) - 1} are padding, masked out of every distribution (never produced)"
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import pathlib
 import sys
 import time
@@ -36,6 +37,8 @@ from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import load_t5x, t5x_write
 from speculative.errors import JobError
+
+log = logging.getLogger(__name__)
 
 PAD = 0
 
@@ -296,7 +299,7 @@ def _restore(cfg: TrainConfig, out: pathlib.Path, params: Any, opt_state: Any) -
     latest = out / f"checkpoint_{steps_done[-1]}"
     params = load_t5x(str(latest), cfg.model.config)
     start, opt_state = t5x_write.load_train_state(latest, opt_state)
-    print(f"resuming from {latest} (step {start})")
+    log.info(f"resuming from {latest} (step {start})")
     return start, params, opt_state
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -416,3 +417,12 @@ def run_pytest_on_host_devices(
     assert counts["tests"] >= min_tests and counts["failures"] == counts["errors"] == 0, log
     assert counts["skipped"] == 0, f"tests were skipped (not {devices} devices?):\n{log}"
     return counts
+
+
+# A line of the jobs' log (speculative/logs.py): "2026-12-03 16:21:21,123 INFO speculative.x: ...".
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def without_log_lines(text: str) -> str:
+    """stderr without the jobs' log lines: what a job printed there itself (its error line)."""
+    return "".join(line for line in text.splitlines(True) if not LOG_LINE.match(line))

@@ -158,10 +158,11 @@ def test_good_variants_validate_and_fill_defaults():
     assert isinstance(a.gamma_policy, GammaPolicy)
 
 
-def test_narrowed_temperatures_skip_the_variants_that_run_at_none_of_them(capsys):
+def test_narrowed_temperatures_skip_the_variants_that_run_at_none_of_them(caplog):
     cfg = _cfg(temperatures=(0.0,))  # a T = 0 half of a sweep whose variant "b" is T = 1 only
     benchmark.validate(cfg)
-    assert "variant 'b' skipped: it runs at [1.0], none of TEMPERATURES" in capsys.readouterr().out
+    skipped = "variant 'b' skipped: it runs at [1.0], none of TEMPERATURES"
+    assert [r.levelname for r in caplog.records if r.getMessage() == skipped] == ["WARNING"]
     assert [v.name for v in benchmark.variants_of(cfg)] == ["a"]
 
 

@@ -7,6 +7,7 @@ greedy tokens of plain decoding, and lenient runs must say they are lossy.
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 
 import numpy as np
@@ -103,12 +104,13 @@ def test_each_draft_kind_gives_plain_greedy_tokens(tmp_path, kind, extra):
     assert summary["exact"] is True and kind.split("_")[0] in summary["draft"]
 
 
-def test_shortlist_draft_gives_plain_greedy_tokens(tmp_path, capsys):
+def test_shortlist_draft_gives_plain_greedy_tokens(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="speculative")
     plain, _ = _infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
     rows, summary = _infer(tmp_path, "shortlist", "--gin.DRAFT_SHORTLIST=40")
     assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
     assert "head shortlist 40" in summary["draft"]
-    assert "output head over 40 of 264 ids" in capsys.readouterr().out
+    assert "output head over 40 of 264 ids" in caplog.text
     with pytest.raises(JobError, match="^draft: shortlist must be in 1..264, got 300$"):
         _infer(tmp_path, "too_big", "--gin.DRAFT_SHORTLIST=300")
 
@@ -182,15 +184,17 @@ def _infer_config(**overrides):
     return job_config.InferConfig(**{**fields, **overrides})
 
 
-def test_lenience_at_temperature_zero_is_ignored_and_said_once(capsys):
+def test_lenience_at_temperature_zero_is_ignored_and_said_once(caplog):
     from speculative.jobs.infer import settings
+
+    caplog.set_level(logging.INFO, logger="speculative")
 
     cfg = _infer_config(lenience=0.5)
     settings.validate(cfg)
     s = settings.resolve(cfg)
     assert s.lenience == 1.0 and s.exact  # greedy verification: exact whatever l is
-    out = capsys.readouterr().out
-    assert out.count("lenience 0.5 is ignored at temperature 0") == 1 and "LOSSY" not in out
+    assert caplog.text.count("lenience 0.5 is ignored at temperature 0") == 1
+    assert "LOSSY" not in caplog.text
 
 
 def test_auto_gamma_with_an_adaptive_policy_is_refused_before_loading():

@@ -214,7 +214,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "version", "errors", "sampling", "block_verification", "tree_verification", "metrics",
             "inputs", "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch",
-            "partitioning", "distributed", "seqio_tasks", "seqio_inputs",
+            "partitioning", "distributed", "seqio_tasks", "seqio_inputs", "logs",
+            "provenance",
         ),
     ),
     ("decoding", ("decoding",)),

@@ -4,6 +4,7 @@ models (configs/demo/tiny_random_models.gin), run in-process as a user would lau
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 
 import pytest
@@ -98,7 +99,8 @@ def deep_plain(tmp_path_factory):
     return rows
 
 
-def test_planner_chooses_plain_for_a_useless_draft_by_measurement(tmp_path, deep_plain, capsys):
+def test_planner_chooses_plain_for_a_useless_draft_by_measurement(tmp_path, deep_plain, caplog):
+    caplog.set_level(logging.INFO, logger="speculative")
     rows, s = _run(_inputs(tmp_path, PROMPTS), tmp_path / "o", *DEEP_TARGET, *USELESS_DRAFT, *AUTO)
     plan = s["planner"]
     assert plan["alpha"] < 0.1, plan  # measured on the warm-up batch
@@ -108,11 +110,11 @@ def test_planner_chooses_plain_for_a_useless_draft_by_measurement(tmp_path, deep
     assert not s["speculative"] and s["gamma"] is None
     assert all("alpha" not in r and r["target_calls"] == r["length"] for r in rows)
     assert _ids(rows) == _ids(deep_plain)  # greedy: token for token
-    out = capsys.readouterr().out
-    assert "planner: plain decoding" in out and "decoding plainly" in out
+    assert "planner: plain decoding" in caplog.text and "decoding plainly" in caplog.text
 
 
-def test_planner_speculates_with_a_good_cheap_draft(tmp_path, deep_plain, steady_costs, capsys):
+def test_planner_speculates_with_a_good_cheap_draft(tmp_path, deep_plain, steady_costs, caplog):
+    caplog.set_level(logging.INFO, logger="speculative")
     rows, s = _run(_inputs(tmp_path, PROMPTS), tmp_path / "o", *DEEP_TARGET, *GOOD_DRAFT, *AUTO)
     plan = s["planner"]
     assert plan["alpha"] > 0.8 and plan["c"] < 0.7, plan
@@ -120,7 +122,7 @@ def test_planner_speculates_with_a_good_cheap_draft(tmp_path, deep_plain, steady
     assert s["speculative"] and s["gamma"] == plan["gamma"]
     assert all(len(r["accepted_at"]) == plan["gamma"] for r in rows)
     assert _ids(rows) == _ids(deep_plain)
-    assert f"planner: gamma {plan['gamma']}" in capsys.readouterr().out
+    assert f"planner: gamma {plan['gamma']}" in caplog.text
 
 
 def test_resume_reuses_the_planned_gamma_and_a_different_job_is_refused(

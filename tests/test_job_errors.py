@@ -50,7 +50,7 @@ def _one_line_error(capsys, flags, prefix: str) -> str:
     """Runs the job as its __main__ does; asserts exit 2 and one stderr line starting prefix."""
     capsys.readouterr()
     assert gin_flags.run_job(infer.main, flags) == 2
-    err = capsys.readouterr().err
+    err = helpers.without_log_lines(capsys.readouterr().err)  # the log lines before it go
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: {prefix}"), err
     return err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 from typing import Any
@@ -44,6 +45,8 @@ from speculative.models.feature_head import (
     target_lm_head,
 )
 from speculative.sampling import SamplingConfig, sample
+
+log = logging.getLogger(__name__)
 
 HEAD_CONFIG_FILE = "head.json"
 
@@ -259,7 +262,7 @@ def _validate(spec: registry.DraftSpec, role: str) -> None:
 def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
     try:
         config, head_params, ids, step = load_head(spec.checkpoint)
-        print(f"{role}: feature head {spec.checkpoint} (step {step}, {len(ids)} ids)")
+        log.info(f"{role}: feature head {spec.checkpoint} (step {step}, {len(ids)} ids)")
         return build_drafter(target_model, target_params, config, head_params, ids)
     except (OSError, ValueError) as e:
         raise JobError(str(e), role=role, path=spec.checkpoint) from e

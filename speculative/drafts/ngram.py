@@ -15,6 +15,7 @@ nearly free. The tables are fitted from token sequences: a corpus, or the target
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,8 @@ from speculative.errors import (
     loader_error,
 )
 from speculative.sampling import SamplingConfig, sample
+
+log = logging.getLogger(__name__)
 
 
 @flax.struct.dataclass
@@ -261,7 +264,7 @@ def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role
             role=role,
             path=spec.tables,
         )
-    print(f"{role}: {_describe(spec)}")
+    log.info(f"{role}: {_describe(spec)}")
     return NgramDrafter(vocab_size, 1 if spec.kind == "unigram" else 2), tables
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,8 @@ from speculative.jobs.benchmark.harness import Timed, prefill_key, time_cell
 from speculative.jobs.benchmark.points import Point, make_point
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
+
+log = logging.getLogger(__name__)
 
 
 def output_logprob_sum(
@@ -92,13 +95,12 @@ def cell_points(
 
 def print_point(v: Variant, p: Point) -> None:
     name = "" if v.name == "default" else f"{v.name} "
-    print(
-        f"  {name}gamma {p.gamma}: alpha {p.alpha:.3f} tau {p.tau:.2f} speedup "
+    log.info(
+        f"{name}gamma {p.gamma}: alpha {p.alpha:.3f} tau {p.tau:.2f} speedup "
         f"{p.speedup:.2f}x (decode only {p.decode_speedup:.2f}x, Thm 3.8 "
         f"{p.predicted_speedup:.2f}x), plain {p.plain_tok_s:.2f} tok/s, speculative "
         f"{p.speculative_tok_s:.2f} tok/s"
         + ("" if p.target_mean_logprob is None else f", logp {p.target_mean_logprob:.3f}"),
-        flush=True,
     )
 
 
@@ -119,11 +121,10 @@ def variant_summary(
 
 def print_cell_head(batches: Sequence[dict[str, jax.Array]], sampling, costs) -> None:
     extend_ms = ", ".join(f"{n}: {1e3 * t:.0f}" for n, t in costs["target_extend_s"].items())
-    print(
+    log.info(
         f"batch {len(inputs.input_tokens(batches[0]))}, {sampling}, c {costs['c']:.3f} (target "
         f"step {1e3 * costs['target_step_s']:.0f} ms, draft step "
         f"{1e3 * costs['draft_step_s']:.0f} ms; target extend by n tokens, ms: {extend_ms}):",
-        flush=True,
     )
 
 

@@ -5,6 +5,7 @@ and the step costs of a batch size (the target's once, each distinct draft's).""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import runner, timing
 from speculative.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -61,7 +64,7 @@ def interleaved_timings(
             )
         shape = tuple(inputs.input_tokens(batch).shape)
         seconds = ", ".join(f"{label(n)} {result.seconds[n]:.1f}s" for n in programs)
-        print(f"    batch {j + 1}/{len(batches)} {shape}: {seconds}", flush=True)
+        log.info(f"batch {j + 1}/{len(batches)} {shape}: {seconds}")
     return timed
 
 
@@ -124,7 +127,7 @@ def time_cell(
     programs = cell_programs(setup, s, sampling)
     timed = interleaved_timings(programs, batches, rngs, s.run.repeats)
     compile_s = ", ".join(f"{label(n)} {t.compile_s:.1f}s" for n, t in timed.items())
-    print(f"  compile: {compile_s}", flush=True)
+    log.info(f"compile: {compile_s}")
     return timed
 
 
@@ -143,7 +146,7 @@ def step_costs(setup: Setup, s: Settings, batch: dict[str, jax.Array]) -> dict[s
         t = timing.draft_step_time(draft.model, draft.params, batch, cache_len, draft_config)
         draft_costs.append({"draft_step_s": t, "c": t / step})
     if s.sweep.named:
-        print(
+        log.info(
             "draft costs: "
             + ", ".join(
                 f"{d.description}: c {dc['c']:.3f}"

@@ -3,6 +3,7 @@ XLA_FLAGS, the measured read bandwidth and the weight-streaming floor of one pla
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -13,12 +14,14 @@ from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import timing
 
+log = logging.getLogger(__name__)
+
 
 def header(s: Settings, setup: Setup) -> dict[str, Any]:
     """benchmark.json's fields about the run itself (models, inputs, machine), cells empty."""
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(setup.target.params))
     bandwidth = timing.read_bandwidth()
-    print(
+    log.info(
         f"target weights {weight_bytes / 1e9:.2f} GB, measured read bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s -> weight-streaming floor "
         f"{1e3 * weight_bytes / bandwidth:.0f} ms per plain step"

@@ -5,6 +5,7 @@ memory), rewriting benchmark.json after every cell, then plot and print the tabl
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,8 @@ from speculative.jobs.benchmark import cells, harness, settings
 from speculative.jobs.benchmark.header import header
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: BenchmarkConfig) -> dict[str, Any]:
@@ -55,7 +58,7 @@ def run_locked(
     for batch_size in s.sweep.batch_sizes:
         reason = memory_shortfall(setup, s, batch_size)
         if reason is not None:
-            print(f"batch {batch_size}: skipped ({reason})")
+            log.warning(f"batch {batch_size}: skipped ({reason})")
             result["skipped"].append({"batch_size": batch_size, "reason": reason})
             continue
         try:
@@ -69,7 +72,7 @@ def run_locked(
         except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
             if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
                 raise
-            print(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
+            log.warning(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
             reason = f"out of memory: {str(e)[:500]}"
             result["skipped"].append({"batch_size": batch_size, "reason": reason})
     if not result["cells"]:
@@ -77,7 +80,7 @@ def run_locked(
     (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
     benchmark_report.plot(result, out_dir)
     benchmark_report.print_table(result)
-    print(f"wrote {out_dir}/benchmark.json and plots")
+    log.info(f"wrote {out_dir}/benchmark.json and plots")
     return result
 
 

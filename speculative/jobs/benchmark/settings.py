@@ -6,6 +6,7 @@ Everything downstream reads it."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from speculative.errors import JobError
 from speculative.job_config import BenchmarkConfig, Variant
 from speculative.jobs import common
 from speculative.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 def validate(cfg: BenchmarkConfig) -> None:
@@ -89,7 +92,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
         temps = list(v.temperatures) if v.temperatures is not None else list(cfg.temperatures)
         outside = [t for t in temps if float(t) not in temperatures]
         if temps and len(outside) == len(temps):  # TEMPERATURES narrowed to split a sweep
-            print(f"variant {v.name!r} skipped: it runs at {temps}, none of TEMPERATURES")
+            log.warning(f"variant {v.name!r} skipped: it runs at {temps}, none of TEMPERATURES")
         elif not temps or outside:
             raise JobError(
                 f"variant {v.name!r}: temperatures {temps} must be a non-empty subset of "

@@ -4,6 +4,7 @@ tokenized inputs (`Setup`), the batches of a batch size, and whether a batch siz
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from speculative import model_loading as ml
 from speculative.jobs import common
 from speculative.jobs.benchmark.settings import Settings
 from speculative.measure import memory
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,9 @@ def load(s: Settings) -> Setup:
     encoded = inputs.encode(examples, vocabulary, loaded.target.model.is_encoder_decoder, cap)
     truncated = sum(e.truncated for e in encoded)
     if truncated:
-        print(f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}")
+        log.warning(
+            f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}"
+        )
     ids = [e.ids for e in encoded]
     drafts = common.with_shortlists(loaded, m.drafts, vocabulary, ids).drafts
     width = inputs.bucket(max(len(x) for x in ids), cap)
@@ -135,4 +140,4 @@ def print_memory(setup: Setup, s: Settings) -> None:
             param_dtype=common.param_dtype(setup.target),
             mesh_shape=None if partitioner is None else partitioner.mesh_shape,
         )
-        print(f"batch {batch_size}, gamma {gamma}: {report}")
+        log.info(f"batch {batch_size}, gamma {gamma}: {report}")

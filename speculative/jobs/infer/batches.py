@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,8 @@ from speculative.errors import JobError
 from speculative.inputs import Example
 from speculative.jobs.infer.settings import Inputs, Settings
 from speculative.measure import runner
+
+log = logging.getLogger(__name__)
 
 
 def load_examples(s: Inputs) -> list[Example]:
@@ -56,7 +59,7 @@ def encode_inputs(
             path=where,
         )
     if long:
-        print(
+        log.warning(
             f"{len(long)} input(s) longer than {limit} tokens are truncated (first: input "
             f"{long[0][0].index}, {long[0][1].full_length} tokens); rows record truncated_from"
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,8 @@ from speculative.jobs import common
 from speculative.jobs.infer import batches, decode, plan, rows, settings
 from speculative.jobs.infer.settings import Settings
 from speculative.measure import planner
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: InferConfig) -> dict[str, Any]:
@@ -80,7 +83,7 @@ def run_locked(
     size = s.run.batch_size
     todo = batches.pending_batches(len(examples), size, store.done)
     todo = job_spmd.agree_on_pending(todo, math.ceil(len(examples) / size))
-    print(
+    log.info(
         f"{len(examples)} examples, {len(store.done)} already in {store.path}, {len(todo)} "
         f"batches of {size} to decode"
     )
@@ -115,7 +118,7 @@ def decode_job(
     batches.check_context(decode.context_models(models), ids, s.inputs.max_decode_len)
     outcome = dataclasses.replace(outcome, padding=models.vocab_padding)
     if outcome.decoded.planned:
-        print(decode.memory_report(s, models, ids, max(s.speculation.planning.gammas)))
+        log.info(decode.memory_report(s, models, ids, max(s.speculation.planning.gammas)))
         chosen = plan.plan_gamma(
             s,
             functools.partial(models.decoder, partitioner=s.models.partitioner),
@@ -129,11 +132,11 @@ def decode_job(
         )
         timed = False
     else:
-        print(decode.memory_report(s, models, ids, outcome.decoded.gamma))
+        log.info(decode.memory_report(s, models, ids, outcome.decoded.gamma))
     if outcome.plan is not None:
-        print(outcome.plan.describe() + (" (reused from plan.json)" if outcome.reused else ""))
+        log.info(outcome.plan.describe() + (" (reused from plan.json)" if outcome.reused else ""))
         if outcome.plan.gamma is None:
-            print("planner: decoding plainly, as SPECULATIVE = False would")
+            log.info("planner: decoding plainly, as SPECULATIVE = False would")
     decoded = outcome.decoded
     if not decoded.speculative:
         models, outcome = models.plain(), dataclasses.replace(outcome, costs={})

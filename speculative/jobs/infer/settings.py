@@ -5,6 +5,7 @@ downstream reads. Plain decoding is `speculation is None`; nothing asks `cfg.spe
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from speculative.job_io import examples_digest
 from speculative.jobs import common
 from speculative.measure import planner
 from speculative.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 def validate(cfg: InferConfig) -> None:
@@ -91,7 +94,9 @@ def check_tree(cfg: InferConfig) -> None:
     if cfg.gamma == "auto":
         raise JobError("GAMMA = 'auto' plans chains; bind an integer GAMMA (or none) with TREE")
     if cfg.gamma != tree.depth:
-        print(f"TREE: {tree.describe()} proposes up to {tree.depth} tokens a round (GAMMA unused)")
+        log.info(
+            f"TREE: {tree.describe()} proposes up to {tree.depth} tokens a round (GAMMA unused)"
+        )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -28,6 +29,8 @@ from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
 from speculative.models import decoder
 from speculative.models.feature_head import FeatureHead, FeatureHeadConfig, target_lm_head
+
+log = logging.getLogger(__name__)
 
 FINGERPRINT = "head_job.json"
 
@@ -151,7 +154,7 @@ def _restore(out, head, ids, optimizer, params):
     if not np.array_equal(stored_ids, ids):
         raise JobError(f"{out}: the checkpoints score other ids than this run's shortlist")
     start, opt_state = t5x_write.load_train_state(out / f"checkpoint_{step}", opt_state)
-    print(f"resuming from {out / f'checkpoint_{step}'} (step {start})")
+    log.info(f"resuming from {out / f'checkpoint_{step}'} (step {start})")
     return start, params, opt_state
 
 
@@ -246,5 +249,5 @@ def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
         "final": evals[-1] if evals else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    print(json.dumps(summary["final"]))
+    log.info(f"final held-out evaluation: {json.dumps(summary['final'])}")
     return summary
