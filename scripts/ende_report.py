@@ -14,12 +14,11 @@ import argparse
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from speculative import metrics
+from speculative import metrics, provenance
 
 MODELS = ("target", "draft_small", "draft_base", "draft_large", "draft_small_distilled")
 DRAFTS = ("small", "base", "large", "small_distilled", "unigram", "bigram")
@@ -303,12 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(rows[0]["gamma"])
         return 0
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     times = _times(args.runs)
     report = {
-        "commit": commit,
+        **provenance.git_state(),  # git_commit, git_dirty: the code that wrote the report
         "times_s": times,
         "models": models_table(args.runs, times),
         "alpha": alpha_table(args.runs),

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, logs, metrics, vocab
+from speculative import checkpoints, decoding, fetch, inputs, logs, metrics, provenance, vocab
 from speculative.drafts import shortlist
 from speculative.measure import runner, timing
 from speculative.models import decoder
@@ -287,6 +287,7 @@ def result_json(
         "compile_s": decoded.compile_s,
         "acceptance_by_position": summary["acceptance_by_position"],
         "rows": decoded.rows,
+        "provenance": provenance.record(None),  # argparse flags, no gin config
     }
 
 

@@ -6,7 +6,10 @@ a batch, padded to a power of two so few shapes compile). Checkpoints are T5X ch
 (`checkpoints.t5x_write.save_t5x`, read back by `checkpoints.load_t5x`) carrying the optax state,
 written every `checkpoint_every` steps and at the end; a killed run resumes from the latest one
 and continues exactly as an uninterrupted run would (the batch order is a function of seed and
-step). Writes OUTPUT_DIR/metrics.jsonl (loss, validation loss) and OUTPUT_DIR/loss.png.
+step). Writes OUTPUT_DIR/metrics.jsonl (loss, validation loss), OUTPUT_DIR/loss.png,
+OUTPUT_DIR/tensorboard/ (loss, validation loss, learning rate and seconds per step at every logged
+step; `speculative.summaries`) and OUTPUT_DIR/summary.json (the final metrics and the run's
+provenance: code commit, dirty tree, gin config).
 
     python -m speculative.train --gin_file=configs/train/ende_tiny.gin --gin.OUTPUT_DIR="'/tmp/t'"
 
@@ -32,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from speculative import configurables, gin_flags, job_io, model_loading  # noqa: F401  (gin names)
+from speculative import configurables, gin_flags, job_io, model_loading, provenance, summaries  # noqa: F401  (gin names)
 from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import load_t5x, t5x_write
@@ -189,10 +192,15 @@ def token_kl(teacher_logits: jnp.ndarray, student_logits: jnp.ndarray) -> jnp.nd
     return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
 
 
+def learning_rate_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
+    """A linear warm-up from 0 to `learning_rate`, then constant."""
+    return optax.linear_schedule(0.0, learning_rate, max(1, warmup_steps))
+
+
 def make_optimizer(
     name: str, learning_rate: float, warmup_steps: int
 ) -> optax.GradientTransformation:
-    schedule = optax.linear_schedule(0.0, learning_rate, max(1, warmup_steps))
+    schedule = learning_rate_schedule(learning_rate, warmup_steps)
     if name == "adafactor":
         return optax.adafactor(learning_rate=schedule)
     if name == "adamw":
@@ -261,6 +269,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
     started = time.perf_counter()
     log = open(out / "metrics.jsonl", "a", encoding="utf-8")
+    tensorboard = summaries.Scalars(out, purge_step=start + 1)  # hides a killed run's later steps
+    timer = summaries.StepTimer(start)
     bar = _progress(cfg, start)
     loss = float("nan")
     for step in range(start, cfg.steps):
@@ -277,15 +287,30 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             record["wall_s"] = round(wall_before + time.perf_counter() - started, 2)
             log.write(json.dumps(record) + "\n")
             log.flush()
+            tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             t5x_write.save_t5x(out, params, done, opt_state)
+            tensorboard.flush()
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
     if bar is not None:
         bar.close()
     log.close()
+    tensorboard.close()
     return _finish(cfg, out, params, loss)
+
+
+def _scalars(cfg: TrainConfig, record: dict[str, Any], step_s: float) -> dict[str, Any]:
+    """TensorBoard's train/ scalars of a metrics.jsonl record (loss and validation loss when it
+    has them), the learning rate of its last step and the seconds per step since the last record."""
+    schedule = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps)
+    return {
+        "train/loss": record.get("loss"),
+        "train/validation_loss": record.get("validation_loss"),
+        "train/learning_rate": float(schedule(record["step"] - 1)),
+        "train/step_time_s": step_s,
+    }
 
 
 def _restore(cfg: TrainConfig, out: pathlib.Path, params: Any, opt_state: Any) -> tuple:
@@ -316,6 +341,7 @@ def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> di
     if valid:
         final["validation_loss"] = valid[-1]
     final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
+    final["provenance"] = provenance.record(gin.operative_config_str())
     (out / "summary.json").write_text(json.dumps(final, indent=1))
     return final
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import benchmark, benchmark_report, metrics, partitioning
+from speculative import benchmark, benchmark_report, metrics, partitioning, summaries
 from speculative import model_loading as ml
 from speculative.jobs.benchmark import settings as bench_settings
 from speculative.jobs.benchmark import setup as bench_setup
@@ -95,6 +95,15 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
         assert data.startswith(PNG) and len(data) > 5000
     table = benchmark_report.markdown_table(on_disk)  # the report reads the JSON alone
     assert table.count("\n") == 2 + 2 - 1  # header, rule, one row per gamma
+    made = on_disk["provenance"]
+    assert "GAMMAS = [2, 3]" in made["gin_config"] and "git_commit" in made and "git_dirty" in made
+    # TensorBoard: speedup, alpha and tau of the cell's points, one curve over gamma each
+    scalars = summaries.read_scalars(out / "tensorboard")
+    points = result["cells"][0]["points"]
+    assert scalars == {
+        f"{name}/b2_t0/default": [(p["gamma"], pytest.approx(p[name])) for p in points]
+        for name in ("speedup", "alpha", "tau")
+    }
 
 
 class _Recorder:

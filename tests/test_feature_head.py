@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, infer, train_head  # noqa: F401  (gin names before any parse)
+from speculative import decoding, infer, summaries, train_head  # noqa: F401  (gin names first)
 from speculative.drafts import feature_head as head_draft
 from speculative.errors import JobError
 from speculative.models.feature_head import FeatureHead, FeatureHeadConfig
@@ -165,6 +165,12 @@ def test_train_head_job_resumes_refuses_and_drafts(tmp_path, monkeypatch):
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60]  # no stale or torn record
     alpha = summary["final"]["heldout"]["alpha"]
     assert len(alpha) == 3 and all(0.0 < a <= 1.0 for a in alpha)
+    assert "HeadTrainConfig" in summary["provenance"]["gin_config"]
+    scalars = summaries.read_scalars(out / "tensorboard")  # both runs, each step once
+    assert [s for s, _ in scalars["train/loss"]] == [10, 20, 30, 40, 50, 60]
+    assert [s for s, _ in scalars["train/learning_rate"]] == [10, 20, 30, 40, 50, 60]
+    assert scalars["heldout/alpha/3"] == [(30, pytest.approx(records[2]["heldout"]["alpha"][2])),
+                                          (60, pytest.approx(alpha[2]))]  # fmt: skip
     with pytest.raises(JobError, match="other settings.*learning_rate"):
         train_head.main([*flags, "--gin.speculative.HeadTrainConfig.learning_rate=0.5"])
 

@@ -221,7 +221,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decoding", ("decoding",)),
     ("drafts", ("drafts",)),
     ("measure", ("measure", "configurables")),
-    ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags",
+    ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags", "summaries",
                      "benchmark_report")),
     ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
               "memory", "pipeline")),

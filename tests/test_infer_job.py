@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+import speculative
 from speculative import gin_flags, infer, job_io
 from speculative.errors import JobError
 from tests import helpers
@@ -53,9 +54,10 @@ def _cwd_repo_root(monkeypatch):
 # End to end.
 
 
-def test_greedy_speculative_equals_plain_and_outputs_are_complete(tmp_path):
+def test_greedy_speculative_equals_plain_and_outputs_are_complete(tmp_path, capsys):
     inputs = _write_jsonl(tmp_path / "in.jsonl", PROMPTS[:5])
     spec = infer.main(_flags(inputs, tmp_path / "spec", "--gin.BATCH_SIZE=2", "--gin.GAMMA=3"))
+    _check_logs_and_provenance(capsys.readouterr(), tmp_path / "spec")
     plain = infer.main(
         _flags(inputs, tmp_path / "plain", "--gin.BATCH_SIZE=2", "--gin.SPECULATIVE=False")
     )
@@ -201,6 +203,26 @@ def test_different_job_in_same_output_dir_is_refused_and_rows_kept(tmp_path):
     with pytest.raises(JobError, match="different job.*gamma"):
         infer.main(_flags(inputs, out, "--gin.BATCH_SIZE=2", "--gin.GAMMA=5"))
     assert (out / "predictions.jsonl").read_bytes() == before
+
+
+def _check_logs_and_provenance(captured, out: pathlib.Path) -> None:
+    """Status lines are log records on stderr (timestamp, level, logger), the summary is on
+    stdout, and summary.json names the code and the config that produced it."""
+    logged = [line for line in captured.err.splitlines() if helpers.LOG_LINE.match(line)]
+    assert any(" INFO speculative.model_loading: target: " in line for line in logged), logged
+    assert any(" INFO speculative.jobs.infer.run: 5 examples, 0 already in " in x for x in logged)
+    assert "target:" not in captured.out and "wrote " in captured.out  # results stay on stdout
+    made = json.loads((out / "summary.json").read_text())["provenance"]
+    assert (
+        made["gin_config"] == (out / "config.gin").read_text()
+        and "InferConfig" in made["gin_config"]
+    )
+    assert made["version"] == speculative.__version__
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode == 0:  # tests run from a checkout; from an sdist the commit is null
+        assert made["git_commit"] == head.stdout.strip() and isinstance(made["git_dirty"], bool)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import checkpoints, train
+from speculative import checkpoints, summaries, train
 from speculative.checkpoints import t5x_write
 from speculative.models import t5
 from tests import helpers
@@ -19,6 +19,7 @@ DATA = str(ROOT / "tests/data/en_de_pairs.tsv")
 # The sample's longest pair is 63 + 69 bytes (+ the 29-byte prefix and EOS): shorter features than
 # ende_tiny.gin's 128 / 96 cut nothing and make every step cheaper.
 LENGTHS = {"inputs": 96, "targets": 72}
+TAGS = ("loss", "validation_loss", "learning_rate", "step_time_s")
 
 
 def _run(out, steps, extra=()):
@@ -55,6 +56,17 @@ def test_loss_decreases_and_outputs_are_written(trained):
     assert (out / "loss.png").stat().st_size > 0
     assert summary["parameters"] > 0 and summary["validation_loss"] == valid[-1]
     assert t5x_write.checkpoint_steps(out) == [10, 20, 30, 40]
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert "\nSTEPS = 40\n" in on_disk["provenance"]["gin_config"]  # operative config
+    assert {"git_commit", "git_dirty", "version"} <= set(on_disk["provenance"])
+    # TensorBoard: every logged step of metrics.jsonl, as float32
+    scalars = summaries.read_scalars(out / "tensorboard")
+    assert set(scalars) == {f"train/{k}" for k in TAGS}
+    assert scalars["train/loss"] == [(10 * (i + 1), pytest.approx(x)) for i, x in enumerate(losses)]
+    assert [s for s, _ in scalars["train/validation_loss"]] == [10, 20, 30, 40]
+    rates = [v for _, v in scalars["train/learning_rate"]]
+    assert rates == pytest.approx([9e-3, 1e-2, 1e-2, 1e-2])  # ende_tiny.gin: 1e-2 after 10 steps
+    assert all(v > 0 for _, v in scalars["train/step_time_s"])
 
 
 def test_checkpoint_reads_back_bit_identical(tmp_path):
@@ -75,6 +87,8 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(trained, tmp_path):
     _run(tmp_path, 20)  # "killed" after its step-20 checkpoint, having logged step 25...
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 25, "loss": 99.0}) + "\n")
+    with summaries.Scalars(tmp_path) as killed:  # ... and step 30 to TensorBoard
+        killed.write(30, {"train/loss": 99.0})
     _run(tmp_path, 40)  # ...and started again with the full schedule
     a = checkpoints.load_t5x(str(tmp_path / "checkpoint_40"), _config())
     b = checkpoints.load_t5x(str(out / "checkpoint_40"), _config())
@@ -88,6 +102,9 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(trained, tmp_path):
         return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
     assert logged(tmp_path) == logged(out)
+    # the resumed writer purges the killed run's step 30: TensorBoard draws each step once
+    resumed, whole = (summaries.read_scalars(d / "tensorboard") for d in (tmp_path, out))
+    assert resumed["train/loss"] == whole["train/loss"]
     assert json.loads((tmp_path / "summary.json").read_text())["train_s"] > 0
 
 

@@ -1,6 +1,7 @@
 """The benchmark's order of work: validate and resolve the settings, then under OUTPUT_DIR's lock
 load the models and run every batch size's cells (skipping a batch size that does not fit in
-memory), rewriting benchmark.json after every cell, then plot and print the table."""
+memory), rewriting benchmark.json after every cell and adding its scalars to OUTPUT_DIR/tensorboard,
+then plot and print the table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
-from speculative import benchmark_report, job_spmd
+import gin
+
+from speculative import benchmark_report, job_spmd, provenance, summaries
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.job_config import BenchmarkConfig
@@ -53,8 +56,12 @@ def run_locked(
     setup = load(s)
     print_memory(setup, s)
     result = header(s, setup)
+    result["provenance"] = provenance.record(gin.operative_config_str())  # models built: complete
     if cache is not None and cache.dir:
         result["compilation_cache"] = cache.to_json()
+    # purge_step 0: an earlier sweep's events in this directory are hidden, as its benchmark.json
+    # is rewritten
+    tensorboard = summaries.Scalars(out_dir, purge_step=0)
     for batch_size in s.sweep.batch_sizes:
         reason = memory_shortfall(setup, s, batch_size)
         if reason is not None:
@@ -67,6 +74,7 @@ def run_locked(
                 if "compilation_cache" in result:
                     result["compilation_cache"] = cache.to_json()
                 (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+                write_cell(tensorboard, cell)
         except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
             raise nan_error(s, batch_size, e) from e
         except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
@@ -75,6 +83,7 @@ def run_locked(
             log.warning(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
             reason = f"out of memory: {str(e)[:500]}"
             result["skipped"].append({"batch_size": batch_size, "reason": reason})
+    tensorboard.close()
     if not result["cells"]:
         raise JobError("no batch size fitted in memory; nothing was measured")
     (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
@@ -82,6 +91,24 @@ def run_locked(
     benchmark_report.print_table(result)
     log.info(f"wrote {out_dir}/benchmark.json and plots")
     return result
+
+
+def cell_scalars(cell: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """{gamma: {tag: value}}: speedup, alpha and tau of every point of a benchmark.json cell,
+    tagged <name>/b<batch size>_t<temperature>/<variant> (one TensorBoard curve over gamma each)."""
+    where = f"b{cell['batch_size']}_t{cell['temperature']:g}"
+    scalars: dict[int, dict[str, float]] = {}
+    for p in cell["points"]:
+        for name in ("speedup", "alpha", "tau"):
+            scalars.setdefault(p["gamma"], {})[f"{name}/{where}/{p['variant']}"] = p[name]
+    return scalars
+
+
+def write_cell(tensorboard: summaries.Scalars, cell: dict[str, Any]) -> None:
+    """A cell's scalars, flushed (a long sweep shows each cell as it ends)."""
+    for gamma, values in sorted(cell_scalars(cell).items()):
+        tensorboard.write(gamma, values)
+    tensorboard.flush()
 
 
 def nan_error(s: Settings, batch_size: int, error: FloatingPointError) -> JobError:

@@ -15,7 +15,7 @@ from typing import Any
 import gin
 import jax
 
-from speculative import distributed, inputs, job_spmd, vocab
+from speculative import distributed, inputs, job_spmd, provenance, vocab
 from speculative import model_loading as ml
 from speculative.inputs import Example
 from speculative.job_config import InferConfig
@@ -165,8 +165,10 @@ def write_summary(
         summary["partitioner"] = job_spmd.describe(s.models.partitioner)
     if cache is not None and cache.dir:
         summary["compilation_cache"] = cache.to_json()
+    config = gin.operative_config_str()
+    summary["provenance"] = provenance.record(config)
     (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (store.dir / "config.gin").write_text(gin.operative_config_str())
+    (store.dir / "config.gin").write_text(config)
     rows.print_summary(summary, store.dir)
     return summary
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import model_loading as ml
+from speculative import provenance, summaries
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
@@ -201,6 +202,7 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
     evaluate = head_train.make_evaluate(drafter, cfg.eval_depth, used)
     tokens, features = sides["train"]
     log = open(out / "metrics.jsonl", "a", encoding="utf-8")
+    tensorboard, timer = summaries.Scalars(out, purge_step=start + 1), summaries.StepTimer(start)
     bar = _progress(cfg, cfg.steps, start, "train head")
     began = time.perf_counter()
     record: dict[str, Any] = {}
@@ -228,13 +230,27 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
             record["train_s"] = round(time.perf_counter() - began, 1)
             log.write(json.dumps(record) + "\n")
             log.flush()
+            tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
             record = {}
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     log.close()
+    tensorboard.close()
     return _summary(cfg, out, sides, ids, feature_s)
+
+
+def _scalars(cfg: HeadTrainConfig, record: dict[str, Any], step_s: float) -> dict[str, Any]:
+    """TensorBoard's scalars of a metrics.jsonl record: train/ loss terms, learning rate of its
+    last step and seconds per step since the last record; heldout/alpha/<depth> when it has them."""
+    schedule = head_train.learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.steps)
+    scalars = {f"train/{k}": record.get(k) for k in ("loss", "regression", "classification")}
+    scalars["train/learning_rate"] = float(schedule(record["step"] - 1))
+    scalars["train/step_time_s"] = step_s
+    alpha = record.get("heldout", {}).get("alpha", [])
+    scalars.update({f"heldout/alpha/{depth}": a for depth, a in enumerate(alpha, 1)})
+    return scalars
 
 
 def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
@@ -247,6 +263,7 @@ def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
         "head_ids": len(ids),
         "feature_s_this_run": round(feature_s, 1),
         "final": evals[-1] if evals else None,
+        "provenance": provenance.record(gin.operative_config_str()),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     log.info(f"final held-out evaluation: {json.dumps(summary['final'])}")

@@ -27,11 +27,16 @@ from speculative.models import base
 from speculative.models.feature_head import FeatureHead
 
 
-def make_optimizer(learning_rate: float, warmup: int, steps: int) -> optax.GradientTransformation:
-    """AdamW with a linear warm-up and cosine decay, gradients clipped at norm 1."""
-    schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate_schedule(learning_rate: float, warmup: int, steps: int) -> optax.Schedule:
+    """A linear warm-up from 0, then a cosine decay to 5% of `learning_rate` at `steps`."""
+    return optax.warmup_cosine_decay_schedule(
         0.0, learning_rate, max(1, warmup), max(steps, warmup + 1), learning_rate * 0.05
     )
+
+
+def make_optimizer(learning_rate: float, warmup: int, steps: int) -> optax.GradientTransformation:
+    """AdamW with `learning_rate_schedule`, gradients clipped at norm 1."""
+    schedule = learning_rate_schedule(learning_rate, warmup, steps)
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
