@@ -22,8 +22,9 @@ the run fails for lack of memory) and temperature T (with the configured top-k /
     floor of one plain step, printed beside the measured plain time per step.
 Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from the measured alpha
 (pooled over the gammas of a (B, T) cell) and c; the optimal gamma maximises that prediction.
-Writes OUTPUT_DIR/benchmark.json, speedup_vs_gamma.png, speedup_vs_batch.png and
-acceptance_by_position.png.
+Writes OUTPUT_DIR/benchmark.json (with "provenance": git commit, dirty flag, version, operative gin
+config), speedup_vs_gamma.png, speedup_vs_batch.png, acceptance_by_position.png and tensorboard/
+(speedup, alpha and tau per cell and variant over gamma; speculative/summaries.py).
 
 VARIANTS (BenchmarkConfig.variants, `speculative.Variant`): several drafts / acceptance rules /
 gamma policies, each at its own gammas and temperatures, all interleaved against the cell's one

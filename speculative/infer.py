@@ -18,7 +18,8 @@ Output, in OUTPUT_DIR:
                      batches are fixed (indices [k*B, (k+1)*B)) and batch k uses rng fold_in(seed, k).
   summary.json       totals, pooled alpha, tau, measured c and the Theorem 3.8 speedup estimate;
                      this_run times this run's decoding, each program compiled once per prompt
-                     width, ahead of time and apart.
+                     width, ahead of time and apart; provenance: git_commit, git_dirty, version
+                     and gin_config (speculative/provenance.py).
   config.gin         the operative gin config.
   plan.json          with GAMMA = 'auto': the planner's choice (gamma, or null for plain decoding)
                      and what it measured; a resumed run reuses it instead of planning again.

@@ -15,7 +15,10 @@ Output, in OUTPUT_DIR:
                                  checkpoint=OUTPUT_DIR)` drafts with it.
   metrics.jsonl                  loss terms every 10 steps; held-out alpha and greedy agreement
                                  per draft position at every checkpoint.
-  summary.json                   data sizes, time, the last held-out evaluation.
+  summary.json                   data sizes, time, the last held-out evaluation, provenance
+                                 (git commit, dirty flag, version, operative gin config).
+  tensorboard/                   loss terms, learning rate, seconds per step; held-out alpha
+                                 per draft position at every checkpoint.
   head_job.json, .lock           the settings the checkpoints belong to (another run with other
                                  settings is refused) and the lock a second process is refused by.
 """
