@@ -61,29 +61,28 @@ def run_locked(
         result["compilation_cache"] = cache.to_json()
     # purge_step 0: an earlier sweep's events in this directory are hidden, as its benchmark.json
     # is rewritten
-    tensorboard = summaries.Scalars(out_dir, purge_step=0)
-    for batch_size in s.sweep.batch_sizes:
-        reason = memory_shortfall(setup, s, batch_size)
-        if reason is not None:
-            log.warning(f"batch {batch_size}: skipped ({reason})")
-            result["skipped"].append({"batch_size": batch_size, "reason": reason})
-            continue
-        try:
-            for cell in measure_batch_size(setup, s, batch_size):
-                result["cells"].append(cell)
-                if "compilation_cache" in result:
-                    result["compilation_cache"] = cache.to_json()
-                (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
-                write_cell(tensorboard, cell)
-        except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
-            raise nan_error(s, batch_size, e) from e
-        except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
-            if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
-                raise
-            log.warning(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
-            reason = f"out of memory: {str(e)[:500]}"
-            result["skipped"].append({"batch_size": batch_size, "reason": reason})
-    tensorboard.close()
+    with summaries.Scalars(out_dir, purge_step=0) as tensorboard:
+        for batch_size in s.sweep.batch_sizes:
+            reason = memory_shortfall(setup, s, batch_size)
+            if reason is not None:
+                log.warning(f"batch {batch_size}: skipped ({reason})")
+                result["skipped"].append({"batch_size": batch_size, "reason": reason})
+                continue
+            try:
+                for cell in measure_batch_size(setup, s, batch_size):
+                    result["cells"].append(cell)
+                    if "compilation_cache" in result:
+                        result["compilation_cache"] = cache.to_json()
+                    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+                    write_cell(tensorboard, cell)
+            except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
+                raise nan_error(s, batch_size, e) from e
+            except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
+                if "RESOURCE_EXHAUSTED" not in str(e) and not isinstance(e, MemoryError):
+                    raise
+                log.warning(f"batch {batch_size}: skipped (out of memory: {str(e)[:200]})")
+                reason = f"out of memory: {str(e)[:500]}"
+                result["skipped"].append({"batch_size": batch_size, "reason": reason})
     if not result["cells"]:
         raise JobError("no batch size fitted in memory; nothing was measured")
     (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
