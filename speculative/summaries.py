@@ -36,10 +36,11 @@ class Scalars:
     def __init__(self, output_dir: str | os.PathLike, purge_step: int | None = None):
         from tensorboardX import SummaryWriter
 
-        self.dir = pathlib.Path(output_dir) / TENSORBOARD
+        # a string join keeps a URL's "//" (pathlib would fold it)
+        self.dir = os.path.join(os.fspath(output_dir), TENSORBOARD)
         # The nanosecond suffix orders and separates two runs started within the same second.
         self._writer = SummaryWriter(
-            str(self.dir), purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
+            self.dir, purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
         )
 
     def write(self, step: int, values: Mapping[str, Any]) -> None:
