@@ -22,6 +22,7 @@ tensors are read one at a time and cast to the requested dtype.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ import safetensors
 from speculative.checkpoints import hf_config, validation
 from speculative.models import rope
 from speculative.models.decoder import DecoderConfig, DecoderLM
+
+log = logging.getLogger(__name__)
 
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 _PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -222,7 +225,7 @@ def load_hf_decoder(
     hf = hf_config.read_json(source, "config")
     config, note = hf_config.decoder_config(hf, "lm_head.weight" in headers, dtype, source)
     if note:
-        print(f"{directory}: {note}")
+        log.info(f"{directory}: {note}")
     mapping = tensor_map(config)
     expected = validation.expected_shapes(
         jax.eval_shape(DecoderLM(config).init_params, jax.random.PRNGKey(0))
