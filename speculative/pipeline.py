@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, fetch, inputs, metrics, vocab
+from speculative import decoding, fetch, inputs, logs, metrics, vocab
 from speculative import model_loading as ml
 from speculative.errors import JobError
 from speculative.jobs import common
@@ -168,6 +169,8 @@ def load_pair(
     Raises JobError (one line naming the role and the file) for what cannot be loaded, and for
     a draft whose vocabulary differs from the target's.
     """
+    if not logging.getLogger("speculative").handlers:  # a notebook: show loading and downloads
+        logs.setup()
     target_spec = model_spec(target, target_model, dtype)
     vocabulary_spec = vocabulary or vocab_spec(target_spec)
     drafts = [] if draft is None else [("draft", model_spec(draft, draft_model, dtype))]
