@@ -5,7 +5,6 @@ memory), rewriting benchmark.json after every cell, then plot and print the tabl
 from __future__ import annotations
 
 import json
-import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from speculative.jobs.benchmark import cells, harness, settings
 from speculative.jobs.benchmark.header import header
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
+from speculative.storage import OutputDir
 
 
 def run(cfg: BenchmarkConfig) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     for batch_size in s.sweep.batch_sizes:  # refused before any weight is read
         job_spmd.check_batch(s.models.partitioner, batch_size, "BATCH_SIZES entry")
     with common.locked_output_dir(s.run.output_dir, s.run.compilation_cache_dir) as cache:
-        return run_locked(s, pathlib.Path(s.run.output_dir), cache)
+        return run_locked(s, OutputDir(s.run.output_dir), cache)
 
 
 def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[dict[str, Any]]:
@@ -43,10 +43,11 @@ def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[d
 
 
 def run_locked(
-    s: Settings, out_dir: pathlib.Path, cache: job_spmd.CacheStats | None = None
+    s: Settings, out_dir: OutputDir, cache: job_spmd.CacheStats | None = None
 ) -> dict[str, Any]:
-    """`run`'s sweep while it holds OUTPUT_DIR's lock. With the compilation cache on,
-    benchmark.json's compilation_cache says whether the compile times are warm (cache hits)."""
+    """`run`'s sweep while it holds OUTPUT_DIR's lock (local or on a store). With the compilation
+    cache on, benchmark.json's compilation_cache says whether the compile times are warm (cache
+    hits). benchmark.json is rewritten whole (temp file + rename, or one put) after every cell."""
     setup = load(s)
     print_memory(setup, s)
     result = header(s, setup)
@@ -63,7 +64,7 @@ def run_locked(
                 result["cells"].append(cell)
                 if "compilation_cache" in result:
                     result["compilation_cache"] = cache.to_json()
-                (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+                out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
         except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
             raise nan_error(s, batch_size, e) from e
         except Exception as e:  # noqa: BLE001  only out-of-memory is expected; others re-raise
@@ -74,7 +75,7 @@ def run_locked(
             result["skipped"].append({"batch_size": batch_size, "reason": reason})
     if not result["cells"]:
         raise JobError("no batch size fitted in memory; nothing was measured")
-    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+    out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
     benchmark_report.plot(result, out_dir)
     benchmark_report.print_table(result)
     print(f"wrote {out_dir}/benchmark.json and plots")

@@ -1,0 +1,180 @@
+"""OUTPUT_DIR on an object store, with fsspec's in-memory filesystem (memory://) standing in for
+gs:// or s3:// (no append, no rename, no flock): the infer job's outputs equal a local run's, a
+kill between a chunk and its commit resumes with every row once, a second job is refused by the
+lock object, a stale lock is taken over, and a missing fsspec implementation or a trainer given a
+store URL is a one-line error that leaves no local 'gs:' folder behind."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import subprocess
+import time
+
+import fsspec
+import pytest
+from fsspec.registry import known_implementations
+
+from speculative import chunk_store, gin_flags, infer, job_spmd, store_lock, train, train_head
+from speculative.errors import JobError
+from speculative.storage import OutputDir
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROMPTS = ["Hi", "Ein", "x = 1", "abc", "Hey"]  # 3 batches of 2, one prompt width: one program
+# The job's own compilation cache off, so that a memory:// run writes nothing under ~.
+SAME = ["--gin.BATCH_SIZE=2", "--gin.GAMMA=3", "--gin.COMPILATION_CACHE_DIR=None"]
+
+
+class Killed(BaseException):
+    """A kill at a chosen write (BaseException: no handler of the job catches it)."""
+
+
+@pytest.fixture(autouse=True)
+def _cwd_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # gin paths in the flags are relative to the repository
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh memory:// directory, removed afterwards (the filesystem is process-wide)."""
+    url = f"memory://{tmp_path.name}/out"
+    yield url
+    fsspec.filesystem("memory").rm(f"/{tmp_path.name}", recursive=True)
+
+
+def _flags(inputs: pathlib.Path, out: str, *extra: str) -> list[str]:
+    return [
+        *helpers.TINY_INFER, *helpers.QUIET_INFER, *SAME,
+        f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'", *extra,
+    ]  # fmt: skip
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_infer_on_a_store_resumes_after_a_kill_and_equals_the_local_run(tmp_path, store):
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS)
+    local = infer.main(_flags(inputs, str(tmp_path / "local")))
+    out = OutputDir(store)
+    real_write = OutputDir.write_bytes
+
+    def write_then_die(self, name, data):  # killed after chunk 1's put, before its commit
+        if name == chunk_store.chunk_name(1, "commit"):
+            raise Killed
+        real_write(self, name, data)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(OutputDir, "write_bytes", write_then_die)
+        with pytest.raises(Killed):
+            infer.main(_flags(inputs, store))
+    assert out.listdir("predictions") == [
+        "chunk-00000.commit",
+        "chunk-00000.jsonl",
+        "chunk-00001.jsonl",
+    ]
+    assert not out.exists("predictions.jsonl")
+    # A SIGKILL leaves the lock object behind; its process is gone, so it is taken over.
+    out.write_bytes(
+        store_lock.LOCK, json.dumps({"host": socket.gethostname(), "pid": _dead_pid()}).encode()
+    )
+    resumed = infer.main(_flags(inputs, store))
+    assert resumed["this_run"]["decoded_examples"] == 3  # chunk 1's rows again, and chunk 2's
+    assert out.listdir("predictions") == [
+        "chunk-00000.commit", "chunk-00000.jsonl", "chunk-00002.commit", "chunk-00002.jsonl",
+        "chunk-00003.commit", "chunk-00003.jsonl",
+    ]  # fmt: skip
+    local_dir = tmp_path / "local"
+    assert out.read_bytes("predictions.jsonl") == (local_dir / "predictions.jsonl").read_bytes()
+    summary = json.loads(out.read_text("summary.json"))
+    mine = json.loads((local_dir / "summary.json").read_text())
+    assert {k: v for k, v in summary.items() if k != "this_run"} == {
+        k: v for k, v in mine.items() if k != "this_run"
+    }
+    assert summary["tokens"] == local["tokens"]
+    config = out.read_text("config.gin").replace(store, str(local_dir))
+    assert config == (local_dir / "config.gin").read_text()
+    assert not out.exists(store_lock.LOCK)  # released
+    # Another job's settings in the same store directory: refused, rows kept.
+    before = out.read_bytes("predictions.jsonl")
+    with pytest.raises(JobError, match="different job.*gamma"):
+        infer.main(_flags(inputs, store, "--gin.GAMMA=5"))
+    assert out.read_bytes("predictions.jsonl") == before
+
+
+def test_second_job_on_a_store_is_refused_and_a_stale_lock_is_taken_over(tmp_path, store):
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS[:1])
+    out = OutputDir(store).prepare()
+    with store_lock.hold(out):
+        held = store_lock.read_record(out)
+        with pytest.raises(JobError, match=r"in use by another job \(host .*, pid \d+"):
+            infer.main(_flags(inputs, store))
+        assert store_lock.read_record(out) == held and out.listdir("predictions") == []
+    assert not out.exists(store_lock.LOCK)
+    # Another host's lock: live while its heartbeat is fresh, stale after STALE_S.
+    other = {"owner": "x", "host": "elsewhere", "pid": 1, "heartbeat": time.time()}
+    out.write_bytes(store_lock.LOCK, json.dumps(other).encode())
+    with pytest.raises(JobError, match="host elsewhere, pid 1, heartbeat 0s ago"):
+        store_lock.acquire(out, "me")
+    other["heartbeat"] -= store_lock.STALE_S + 1
+    out.write_bytes(store_lock.LOCK, json.dumps(other).encode())
+    store_lock.acquire(out, "me")
+    assert store_lock.read_record(out)["owner"] == "me"
+    beat = store_lock.Heartbeat(out, "me")
+    beat.beat()
+    assert not beat.lost and time.time() - store_lock.read_record(out)["heartbeat"] < 60
+    out.write_bytes(store_lock.LOCK, json.dumps(other).encode())  # taken over by someone
+    beat.beat()
+    assert beat.lost and store_lock.read_record(out)["owner"] == "x"  # not overwritten
+
+
+def test_chunk_store_refuses_a_corrupt_committed_chunk_and_drops_uncommitted_ones(store):
+    out = OutputDir(store).prepare()
+    first = chunk_store.ChunkStore(out)
+    first.recover()
+    first.append([{"index": 0, "x": "a"}, {"index": 1, "x": "b"}])
+    first.append([{"index": 1, "x": "b"}, {"index": 2, "x": "c"}])  # 1 is not written twice
+    out.write_bytes(chunk_store.chunk_name(2, "jsonl"), b'{"index": 3, "x": "tor')  # no commit
+    again = chunk_store.ChunkStore(out)
+    again.recover()
+    assert sorted(again.done) == [0, 1, 2] and again.next == 3
+    assert not out.exists(chunk_store.chunk_name(2, "jsonl"))
+    out.write_bytes(chunk_store.chunk_name(1, "jsonl"), b'{"index": 2, "x": "C"}\n')
+    with pytest.raises(JobError, match=r"chunk-00001\.jsonl: corrupt committed chunk \(its SHA"):
+        chunk_store.ChunkStore(out).recover()
+
+
+def test_missing_filesystem_and_trainers_given_a_store_are_one_line_errors(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(
+        known_implementations, "nostore", {"class": "no_such_fs_package.NoFS", "err": "missing"}
+    )
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS[:1])
+    flags = _flags(inputs, "nostore://bucket/out")
+    assert gin_flags.run_job(infer.main, flags) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: output directory 'nostore://bucket/out': the nostore:// filesystem is not "
+        "installed (pip install no_such_fs_package)\n"
+    )
+    with pytest.raises(JobError, match=r"'zzz://b/o': Protocol not known: zzz"):
+        infer.main(_flags(inputs, "zzz://b/o"))
+    # 'auto' puts the compilation cache beside a local OUTPUT_DIR, never on a store.
+    assert job_spmd.cache_dir("auto", "gs://bucket/run") == str(
+        pathlib.Path(job_spmd.LOCAL_CACHE).expanduser()
+    )
+    train_flags = [
+        "--gin_file=configs/train/ende_tiny.gin", "--gin.OUTPUT_DIR='gs://bucket/t5'",
+        "--gin.TRAIN_FILE='tests/data/trans_de_en.tsv'",
+    ]  # fmt: skip
+    with pytest.raises(JobError, match="'gs://bucket/t5': the T5 trainer writes to a local"):
+        train.main(train_flags)
+    head = ["--gin_file=configs/train/tiny_head.gin", "--gin.OUTPUT_DIR='s3://bucket/head'"]
+    with pytest.raises(JobError, match="'s3://bucket/head': the head trainer writes to a local"):
+        train_head.main(head)
+    assert not any((ROOT / name).exists() for name in ("gs:", "s3:", "nostore:", "zzz:"))
