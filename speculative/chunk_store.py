@@ -57,6 +57,7 @@ class ChunkStore:
 
     def recover(self) -> None:
         """Reads the committed chunks into `done`; deletes the chunks without a commit."""
+        self.out.makedirs(CHUNKS)
         for number in self.committed:
             for row in self._read_chunk(number):
                 index = int(row["index"])

@@ -102,6 +102,14 @@ class OutputDir:
             raise JobError(f"output directory {self.url!r} is not writable: {e}") from e
         return self
 
+    def makedirs(self, sub: str) -> None:
+        """Creates subdirectory `sub` (nothing on a store without directories; needed on the
+        ones with real directories: local files, HDFS, SFTP)."""
+        if self.remote:
+            self.fs.makedirs(self._path(sub), exist_ok=True)
+        else:
+            os.makedirs(self._path(sub), exist_ok=True)
+
     def exists(self, name: str) -> bool:
         return self.fs.exists(self._path(name)) if self.remote else os.path.exists(self._path(name))
 
@@ -135,10 +143,15 @@ class OutputDir:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             return True
+        path = self._path(name)
         try:
-            self.fs.pipe_file(self._path(name), data, mode="create")
+            self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
+        except TypeError:  # an implementation older than fsspec's mode="create": check, write
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, data)
         return True
 
     def delete(self, name: str) -> None:

@@ -75,10 +75,11 @@ def acquire(out: OutputDir, owner: str, stale_s: float = STALE_S) -> None:
                 return
         held = read_record(out)
         if held is not None and held.get("owner") != owner and not is_stale(held, stale_s):
-            age = time.time() - float(held.get("heartbeat", 0))
+            beat = held.get("heartbeat")
+            age = f"{time.time() - beat:.0f}s ago" if isinstance(beat, (int, float)) else "none"
             raise JobError(
                 f"output directory {out.url!r} is in use by another job (host "
-                f"{held.get('host')}, pid {held.get('pid')}, heartbeat {age:.0f}s ago, lock "
+                f"{held.get('host')}, pid {held.get('pid')}, heartbeat {age}, lock "
                 f"object {out.where(LOCK)}); wait for it to finish or use another output "
                 f"directory (a lock without a heartbeat for {stale_s:.0f}s is taken over)"
             )

@@ -7,16 +7,29 @@ store URL is a one-line error that leaves no local 'gs:' folder behind."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import socket
 import subprocess
+import sys
 import time
 
 import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
-from speculative import chunk_store, gin_flags, infer, job_spmd, store_lock, train, train_head
+from speculative import (
+    benchmark_report,
+    chunk_store,
+    gin_flags,
+    infer,
+    job_spmd,
+    store_lock,
+    train,
+    train_head,
+)
 from speculative.errors import JobError
 from speculative.storage import OutputDir
 from tests import helpers
@@ -41,7 +54,9 @@ def store(tmp_path):
     """A fresh memory:// directory, removed afterwards (the filesystem is process-wide)."""
     url = f"memory://{tmp_path.name}/out"
     yield url
-    fsspec.filesystem("memory").rm(f"/{tmp_path.name}", recursive=True)
+    memory = fsspec.filesystem("memory")
+    if memory.exists(f"/{tmp_path.name}"):
+        memory.rm(f"/{tmp_path.name}", recursive=True)
 
 
 def _flags(inputs: pathlib.Path, out: str, *extra: str) -> list[str]:
@@ -49,6 +64,28 @@ def _flags(inputs: pathlib.Path, out: str, *extra: str) -> list[str]:
         *helpers.TINY_INFER, *helpers.QUIET_INFER, *SAME,
         f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'", *extra,
     ]  # fmt: skip
+
+
+class NoAppendFileSystem(LocalFileSystem):
+    """teststore://PATH: local files behind a store's interface, without append (as a bucket):
+    shared by processes, so a job on it can be killed with SIGKILL."""
+
+    protocol = ("teststore",)
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "a" in mode:
+            raise OSError("teststore: no append on an object store")
+        return super()._open(path, mode, **kwargs)
+
+
+# The infer command with teststore:// registered (as gcsfs registers gs://).
+_RUN_ON_TESTSTORE = """
+import sys, fsspec
+from tests.test_remote_outputs import NoAppendFileSystem
+fsspec.register_implementation("teststore", NoAppendFileSystem, clobber=True)
+from speculative import gin_flags, infer
+sys.exit(gin_flags.run_job(infer.main, sys.argv[1:]))
+"""
 
 
 def _dead_pid() -> int:
@@ -132,8 +169,17 @@ def test_second_job_on_a_store_is_refused_and_a_stale_lock_is_taken_over(tmp_pat
     assert beat.lost and store_lock.read_record(out)["owner"] == "x"  # not overwritten
 
 
-def test_chunk_store_refuses_a_corrupt_committed_chunk_and_drops_uncommitted_ones(store):
-    out = OutputDir(store).prepare()
+@pytest.fixture(params=["memory", "teststore"])
+def any_store(request, store, tmp_path):
+    """memory:// (no directories) and teststore:// (real directories, no append)."""
+    if request.param == "memory":
+        return store
+    fsspec.register_implementation("teststore", NoAppendFileSystem, clobber=True)
+    return f"teststore://{tmp_path}/out"
+
+
+def test_chunk_store_refuses_a_corrupt_committed_chunk_and_drops_uncommitted_ones(any_store):
+    out = OutputDir(any_store).prepare()
     first = chunk_store.ChunkStore(out)
     first.recover()
     first.append([{"index": 0, "x": "a"}, {"index": 1, "x": "b"}])
@@ -178,3 +224,42 @@ def test_missing_filesystem_and_trainers_given_a_store_are_one_line_errors(
     with pytest.raises(JobError, match="'s3://bucket/head': the head trainer writes to a local"):
         train_head.main(head)
     assert not any((ROOT / name).exists() for name in ("gs:", "s3:", "nostore:", "zzz:"))
+
+
+def test_benchmark_plots_go_to_a_store_whole(store):
+    point = {"gamma": 2, "speedup": 1.3, "alpha": 0.8, "acceptance_by_position": [0.9, 0.7]}
+    cell = {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "alpha": 0.8, "c": 0.2}
+    out = OutputDir(store).prepare()
+    paths = benchmark_report.plot({"cells": [{**cell, "points": [point]}]}, out)
+    assert paths == [f"{store}/{name}" for name in benchmark_report.PLOTS]
+    for name in benchmark_report.PLOTS:
+        assert out.read_bytes(name).startswith(b"\x89PNG\r\n\x1a\n")
+    assert out.listdir("") == sorted(benchmark_report.PLOTS)  # no temporary files
+
+
+@pytest.mark.slow  # two subprocess runs of the job (about 30 s on 2 cores)
+def test_sigkilled_job_on_a_filesystem_backed_store_resumes_with_every_row_once(tmp_path):
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS)
+    infer.main(_flags(inputs, str(tmp_path / "local"), "--gin.TEMPERATURE=1.0", "--gin.SEED=7"))
+    url = f"teststore://{tmp_path / 'store'}"
+    cmd = [sys.executable, "-c", _RUN_ON_TESTSTORE]
+    cmd += _flags(inputs, url, "--gin.TEMPERATURE=1.0", "--gin.SEED=7")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    chunks = tmp_path / "store" / "predictions"
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if chunks.is_dir() and any(p.suffix == ".commit" for p in chunks.iterdir()):
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
+    assert json.loads((tmp_path / "store" / ".lock").read_text())["pid"] == proc.pid  # left
+    assert not (tmp_path / "store" / "predictions.jsonl").exists()
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "5 examples, 0 already" not in again.stdout  # it resumed
+    rows = (tmp_path / "store" / "predictions.jsonl").read_bytes()
+    assert rows == (tmp_path / "local" / "predictions.jsonl").read_bytes()  # each row once
+    assert not (tmp_path / "store" / ".lock").exists()
