@@ -263,3 +263,24 @@ def test_sigkilled_job_on_a_filesystem_backed_store_resumes_with_every_row_once(
     rows = (tmp_path / "store" / "predictions.jsonl").read_bytes()
     assert rows == (tmp_path / "local" / "predictions.jsonl").read_bytes()  # each row once
     assert not (tmp_path / "store" / ".lock").exists()
+
+
+@pytest.mark.slow  # a benchmark sweep (about 10 s on 2 cores)
+def test_benchmark_job_writes_its_outputs_to_a_store(tmp_path, store):
+    from speculative import benchmark
+
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", ["abcabcabc", "Hello, Hello"])
+    result = benchmark.main(
+        [
+            "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/demo/tiny_random_models.gin",
+            f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{store}'", "--gin.GAMMAS=[3]",
+            "--gin.TEMPERATURES=[0.0]", "--gin.BATCH_SIZES=[2]", "--gin.REPEATS=1",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+            "--gin.COMPILATION_CACHE_DIR=None",
+        ]
+    )  # fmt: skip
+    out = OutputDir(store)
+    assert out.listdir("") == sorted(["benchmark.json", *benchmark_report.PLOTS])  # lock gone
+    assert json.loads(out.read_text("benchmark.json"))["cells"] == json.loads(
+        json.dumps(result["cells"])
+    )
