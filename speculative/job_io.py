@@ -8,6 +8,11 @@ reports the indices already done, so a restarted job neither loses nor duplicate
 refused instead of mixing results. `.lock` (an `fcntl.flock` lock holding the owner's pid) keeps a
 second job out of a directory in use; the kernel drops the lock when its process dies, so the file
 a killed job leaves behind does not block a resume.
+
+That is the local directory. On an object store (OUTPUT_DIR = 'gs://...', any fsspec URL) the
+same guarantees come from `chunk_store.ChunkStore` (committed chunk files) and `store_lock` (a lock
+object); `open_result_store` and `hold_output_dir` choose. Other files go through
+`storage.OutputDir.write_text` (temp file + rename locally, one put on a store).
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ import pathlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from speculative.errors import JobError
+from speculative import store_lock
+from speculative.chunk_store import ChunkStore
+from speculative.errors import JobError, is_remote
 from speculative.inputs import Example
+from speculative.storage import OutputDir, write_local_atomic
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +52,12 @@ def examples_digest(examples: Iterable[Example]) -> str:
 # Resumable output.
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def prepare_output_dir(output_dir: str) -> pathlib.Path:
     """Creates output_dir and proves it writable (a probe file), else raises JobError."""
     if not output_dir or not isinstance(output_dir, str):
         raise JobError(f"output directory must be a non-empty string, got {output_dir!r}")
-    if "://" in output_dir:
-        raise JobError(
-            f"output directory {output_dir!r}: only local directories are supported (appends are "
-            "fsynced for resuming); write locally and copy the results out"
-        )
+    if is_remote(output_dir):  # a store has no append, rename or flock: see open_result_store
+        raise JobError(f"output directory {output_dir!r}: expected a local directory here")
     path = pathlib.Path(output_dir)
     probe = path / f".write_probe.{os.getpid()}"
     try:
@@ -112,32 +109,11 @@ class ResultStore:
 
     def __init__(self, output_dir: str, fingerprint: Mapping[str, Any]):
         self.dir = prepare_output_dir(output_dir)
+        self.out = OutputDir(self.dir)
         self.path = self.dir / PREDICTIONS
-        self._check_fingerprint(dict(fingerprint))
+        holds_rows = self.path.exists() and self.path.stat().st_size > 0
+        check_fingerprint(self.out, fingerprint, holds_rows)
         self.done: dict[int, dict[str, Any]] = self._recover()
-
-    def _check_fingerprint(self, fingerprint: dict[str, Any]) -> None:
-        job = self.dir / JOB
-        fingerprint = json.loads(json.dumps(fingerprint))  # normalise tuples -> lists
-        if job.exists():
-            old = json.loads(job.read_text()).get("fingerprint", {})
-            # Another job's rows are refused; a job that stopped before its first row (a bad
-            # checkpoint path, say) left none, and the corrected job takes the directory over.
-            holds_rows = self.path.exists() and self.path.stat().st_size > 0
-            if old != fingerprint and holds_rows:
-                keys = sorted(
-                    k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)
-                )
-                raise JobError(
-                    f"output directory {str(self.dir)!r} holds results of a different job "
-                    f"(differs in: {', '.join(keys)}); use another output directory or delete it"
-                )
-            if old == fingerprint:
-                return
-        tmp = job.with_name(f"{JOB}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=2))
-        os.replace(tmp, job)
-        _fsync_dir(self.dir)
 
     def _recover(self) -> dict[int, dict[str, Any]]:
         """Reads the rows written so far; truncates a torn (unterminated) last line."""
@@ -182,16 +158,69 @@ class ResultStore:
         """Every row written so far, in index order."""
         return [self.done[i] for i in sorted(self.done)]
 
+    def finish(self) -> None:
+        """Nothing: the rows are in predictions.jsonl as they are appended."""
+
+
+def check_fingerprint(out: OutputDir, fingerprint: Mapping[str, Any], holds_rows: bool) -> None:
+    """Writes job.json, or refuses (JobError) a directory whose rows are another job's.
+
+    A job that stopped before its first row (a bad checkpoint path, say) left none, and the
+    corrected job takes the directory over.
+    """
+    fingerprint = json.loads(json.dumps(dict(fingerprint)))  # normalise tuples -> lists
+    if out.exists(JOB):
+        old = json.loads(out.read_text(JOB)).get("fingerprint", {})
+        if old == fingerprint:
+            return
+        if holds_rows:
+            keys = sorted(
+                k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)
+            )
+            raise JobError(
+                f"output directory {out.url!r} holds results of a different job "
+                f"(differs in: {', '.join(keys)}); use another output directory or delete it"
+            )
+    out.write_text(JOB, json.dumps({"fingerprint": fingerprint}, indent=2))
+
+
+def open_result_store(output_dir: str, fingerprint: Mapping[str, Any]) -> ResultStore | ChunkStore:
+    """The infer job's predictions: a `ResultStore` in a local directory, a `ChunkStore` on an
+    object store; either after the fingerprint check, with the rows already written in done."""
+    if not is_remote(output_dir):
+        return ResultStore(output_dir, fingerprint)
+    store = ChunkStore(OutputDir(output_dir).prepare())
+    check_fingerprint(store.out, fingerprint, holds_rows=bool(store.committed))
+    store.recover()
+    return store
+
+
+@contextlib.contextmanager
+def hold_output_dir(output_dir: str) -> Iterator[OutputDir]:
+    """OUTPUT_DIR created and locked while the block runs: `lock_output_dir` locally, a lock
+    object (`store_lock.hold`, best-effort, see there) on an object store."""
+    if not is_remote(output_dir):
+        with lock_output_dir(output_dir) as path:
+            yield OutputDir(path)
+        return
+    with store_lock.hold(OutputDir(output_dir).prepare()) as out:
+        yield out
+
+
+def require_local(output_dir: str, job: str) -> None:
+    """A one-line JobError for a job that writes only to a local OUTPUT_DIR (appends, renamed
+    checkpoint directories), given a store URL: before anything (a local 'gs:' folder) exists."""
+    if isinstance(output_dir, str) and is_remote(output_dir):
+        raise JobError(
+            f"output directory {output_dir!r}: {job} writes to a local directory only (an "
+            "object-store OUTPUT_DIR is supported by the infer and benchmark jobs); write "
+            "locally and copy the directory to the store"
+        )
+
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Writes `text` to path through a fsynced temporary file renamed into place."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_local_atomic(path, text.encode("utf-8"))
 
 
 def keep_records_up_to(path: str | os.PathLike, step: int) -> list[dict]:

@@ -23,7 +23,8 @@ import jax
 import numpy as np
 
 from speculative import distributed, partitioning
-from speculative.errors import JobError
+from speculative.errors import JobError, is_remote
+from speculative.storage import OutputDir
 
 # ------------------------------------------------------------------------------------------------
 # Partitioner.
@@ -142,8 +143,8 @@ class NullStore:
     """The ResultStore of a host that does not write: nothing is done, nothing is kept."""
 
     def __init__(self, output_dir: str):
-        self.dir = pathlib.Path(output_dir)
-        self.path = self.dir / "predictions.jsonl"
+        self.out = OutputDir(output_dir)  # not touched: only host 0 reads and writes it
+        self.path = self.out.where("predictions.jsonl")
         self.done: dict[int, dict[str, Any]] = {}
 
     def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -151,6 +152,9 @@ class NullStore:
 
     def rows(self) -> list[dict[str, Any]]:
         return []
+
+    def finish(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,10 +168,17 @@ _CACHE_OPTIONS = {
 }
 
 
+# 'auto' for an OUTPUT_DIR on an object store: the cache stays local (read at every compile).
+LOCAL_CACHE = "~/.cache/speculative/jax_cache"
+
+
 def cache_dir(setting: str | None, output_dir: str) -> str | None:
-    """The cache directory a job uses: None/'' off, 'auto' = <parent of OUTPUT_DIR>/jax_cache."""
+    """The cache directory a job uses: None/'' off, 'auto' = <parent of OUTPUT_DIR>/jax_cache for
+    a local OUTPUT_DIR, LOCAL_CACHE for one on an object store."""
     if not setting:
         return None
+    if setting == "auto" and is_remote(output_dir):
+        return os.path.expanduser(LOCAL_CACHE)
     if setting == "auto":
         return str(pathlib.Path(output_dir).expanduser().resolve().parent / "jax_cache")
     return os.path.expanduser(setting)
@@ -211,7 +222,8 @@ def compilation_cache(path: str | None) -> Iterator[CacheStats]:
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     try:
-        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        if not is_remote(path):  # a URL goes to JAX as it is, never a local 'gs:' folder
+            pathlib.Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise JobError(
             f"compilation cache directory {path!r} cannot be created ({e}); bind "

@@ -16,6 +16,7 @@ back the same way.
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import struct
@@ -31,13 +32,21 @@ TENSORBOARD = "tensorboard"
 class Scalars:
     """A TensorBoard writer of scalars under OUTPUT_DIR/tensorboard (a context manager).
 
-    purge_step: where this run starts (see the module docstring); None writes no purge event."""
+    purge_step: where this run starts (see the module docstring); None writes no purge event.
+    enabled False (an OUTPUT_DIR on an object store, which tensorboardX's writer cannot reach
+    through fsspec): no events, and one log line saying so."""
 
-    def __init__(self, output_dir: str | os.PathLike, purge_step: int | None = None):
-        from tensorboardX import SummaryWriter
-
+    def __init__(
+        self, output_dir: str | os.PathLike, purge_step: int | None = None, enabled: bool = True
+    ):
         # a string join keeps a URL's "//" (pathlib would fold it)
         self.dir = os.path.join(os.fspath(output_dir), TENSORBOARD)
+        self._writer = None
+        if not enabled:
+            logging.getLogger(__name__).info(f"no TensorBoard summaries for {output_dir} (a store)")
+            return
+        from tensorboardX import SummaryWriter
+
         # The nanosecond suffix orders and separates two runs started within the same second.
         self._writer = SummaryWriter(
             self.dir, purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
@@ -46,14 +55,16 @@ class Scalars:
     def write(self, step: int, values: Mapping[str, Any]) -> None:
         """One scalar per tag at `step`; None values are left out."""
         for tag, value in values.items():
-            if value is not None:
+            if value is not None and self._writer is not None:
                 self._writer.add_scalar(tag, float(value), int(step))
 
     def flush(self) -> None:
-        self._writer.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
     def __enter__(self) -> Scalars:
         return self

@@ -246,6 +246,7 @@ def validation_loss(params: Any, model: Any, examples: Examples, batch_size: int
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Runs (or resumes) training; returns the final metrics."""
+    job_io.require_local(cfg.output_dir, "the T5 trainer")  # not a local 'gs:' folder
     out = pathlib.Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocabulary = model_loading.load_vocabulary(cfg.vocabulary)

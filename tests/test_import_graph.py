@@ -222,7 +222,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("drafts", ("drafts",)),
     ("measure", ("measure", "configurables")),
     ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags", "summaries",
-                     "benchmark_report")),
+                     "benchmark_report", "storage", "store_lock", "chunk_store")),
     ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
               "memory", "pipeline")),
 )  # fmt: skip

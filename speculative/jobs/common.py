@@ -15,7 +15,7 @@ import jax
 from speculative import job_spmd, vocab
 from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_io import lock_output_dir
+from speculative.job_io import hold_output_dir
 
 
 class InputLengths:
@@ -131,10 +131,10 @@ def nan_error(error: BaseException, where: str, remedy: str, paths: Mapping[str,
 def locked_output_dir(
     output_dir: str, cache_setting: str | None, lock: bool = True
 ) -> Iterator[job_spmd.CacheStats]:
-    """OUTPUT_DIR's lock (when `lock`: the writer's) and JAX's compilation cache
-    (COMPILATION_CACHE_DIR, 'auto' beside OUTPUT_DIR) while the block runs; yields the cache's
-    stats."""
+    """OUTPUT_DIR's lock (when `lock`: the writer's; a lock object on a store, see
+    `job_io.hold_output_dir`) and JAX's compilation cache (COMPILATION_CACHE_DIR, 'auto' beside a
+    local OUTPUT_DIR) while the block runs; yields the cache's stats."""
     cache_dir = job_spmd.cache_dir(cache_setting, output_dir)
-    held = lock_output_dir(output_dir) if lock else contextlib.nullcontext()
+    held = hold_output_dir(output_dir) if lock else contextlib.nullcontext()
     with held, job_spmd.compilation_cache(cache_dir) as cache:
         yield cache

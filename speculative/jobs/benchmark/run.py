@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from speculative.jobs.benchmark import cells, harness, settings
 from speculative.jobs.benchmark.header import header
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
+from speculative.storage import OutputDir
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     for batch_size in s.sweep.batch_sizes:  # refused before any weight is read
         job_spmd.check_batch(s.models.partitioner, batch_size, "BATCH_SIZES entry")
     with common.locked_output_dir(s.run.output_dir, s.run.compilation_cache_dir) as cache:
-        return run_locked(s, pathlib.Path(s.run.output_dir), cache)
+        return run_locked(s, OutputDir(s.run.output_dir), cache)
 
 
 def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[dict[str, Any]]:
@@ -49,10 +49,11 @@ def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[d
 
 
 def run_locked(
-    s: Settings, out_dir: pathlib.Path, cache: job_spmd.CacheStats | None = None
+    s: Settings, out_dir: OutputDir, cache: job_spmd.CacheStats | None = None
 ) -> dict[str, Any]:
-    """`run`'s sweep while it holds OUTPUT_DIR's lock. With the compilation cache on,
-    benchmark.json's compilation_cache says whether the compile times are warm (cache hits)."""
+    """`run`'s sweep while it holds OUTPUT_DIR's lock (local or on a store). With the compilation
+    cache on, benchmark.json's compilation_cache says whether the compile times are warm (cache
+    hits). benchmark.json is rewritten whole (temp file + rename, or one put) after every cell."""
     setup = load(s)
     print_memory(setup, s)
     result = header(s, setup)
@@ -61,7 +62,7 @@ def run_locked(
         result["compilation_cache"] = cache.to_json()
     # purge_step 0: an earlier sweep's events in this directory are hidden, as its benchmark.json
     # is rewritten
-    with summaries.Scalars(out_dir, purge_step=0) as tensorboard:
+    with summaries.Scalars(out_dir.url, purge_step=0, enabled=not out_dir.remote) as tensorboard:
         for batch_size in s.sweep.batch_sizes:
             reason = memory_shortfall(setup, s, batch_size)
             if reason is not None:
@@ -73,7 +74,7 @@ def run_locked(
                     result["cells"].append(cell)
                     if "compilation_cache" in result:
                         result["compilation_cache"] = cache.to_json()
-                    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+                    out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
                     write_cell(tensorboard, cell)
             except FloatingPointError as e:  # NaN logits: `runner.Decoder` checks every output
                 raise nan_error(s, batch_size, e) from e
@@ -85,7 +86,7 @@ def run_locked(
                 result["skipped"].append({"batch_size": batch_size, "reason": reason})
     if not result["cells"]:
         raise JobError("no batch size fitted in memory; nothing was measured")
-    (out_dir / "benchmark.json").write_text(json.dumps(result, indent=2))
+    out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
     benchmark_report.plot(result, out_dir)
     benchmark_report.print_table(result)
     log.info(f"wrote {out_dir}/benchmark.json and plots")

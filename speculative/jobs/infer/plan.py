@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,22 +16,29 @@ from speculative.errors import JobError
 from speculative.jobs.infer.batches import JobBatch, invalid_batch, job_batches
 from speculative.jobs.infer.settings import Settings
 from speculative.measure import planner, runner
+from speculative.storage import OutputDir
 
 PLAN = "plan.json"
 
 
-def load_plan(out_dir: pathlib.Path, job: Mapping[str, Any]) -> planner.Plan | None:
+def _output_dir(out: OutputDir | str | os.PathLike) -> OutputDir:
+    return out if isinstance(out, OutputDir) else OutputDir(out)
+
+
+def load_plan(out: OutputDir | str | os.PathLike, job: Mapping[str, Any]) -> planner.Plan | None:
     """The plan an earlier run of this same job made (None if there is none).
 
+    out: OUTPUT_DIR (a local path, or an `OutputDir`, which may be on an object store).
     Raises JobError for a plan.json that is not this job's plan (unreadable, truncated, edited
     out of range, or written by another job): rows already written used the plan, so guessing
     again could mix two γs in one output."""
-    path = out_dir / PLAN
-    if not path.exists():
+    out = _output_dir(out)
+    path = out.where(PLAN)
+    if not out.exists(PLAN):
         return None
     fix = "delete it to plan again (and the predictions made with it)"
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(out.read_text(PLAN))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise JobError(f"not a readable plan ({e}); {fix}", role="plan", path=path) from None
     if not isinstance(record, dict) or "plan" not in record:
@@ -47,11 +53,13 @@ def load_plan(out_dir: pathlib.Path, job: Mapping[str, Any]) -> planner.Plan | N
         raise JobError(f"{e}; {fix}", role="plan", path=path) from None
 
 
-def save_plan(out_dir: pathlib.Path, job: Mapping[str, Any], plan: planner.Plan) -> None:
-    """Written (atomically) before any row, so every row of the job uses the same choice."""
-    tmp = out_dir / f"{PLAN}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"fingerprint": job, "plan": plan.to_json()}, indent=2))
-    os.replace(tmp, out_dir / PLAN)
+def save_plan(
+    out: OutputDir | str | os.PathLike, job: Mapping[str, Any], plan: planner.Plan
+) -> None:
+    """Written whole (temp file + rename, or one put) before any row, so every row of the job
+    uses the same choice."""
+    text = json.dumps({"fingerprint": job, "plan": plan.to_json()}, indent=2)
+    _output_dir(out).write_text(PLAN, text)
 
 
 def plan_gamma(

@@ -19,7 +19,7 @@ from speculative import distributed, inputs, job_spmd, provenance, vocab
 from speculative import model_loading as ml
 from speculative.inputs import Example
 from speculative.job_config import InferConfig
-from speculative.job_io import ResultStore
+from speculative.job_io import ResultStore, open_result_store
 from speculative.jobs import common
 from speculative.jobs.infer import batches, decode, plan, rows, settings
 from speculative.jobs.infer.settings import Settings
@@ -77,7 +77,7 @@ def run_locked(
     """
     job = settings.fingerprint(s, examples)
     if job_spmd.is_writer():
-        store = ResultStore(s.run.output_dir, job)
+        store = open_result_store(s.run.output_dir, job)
     else:
         store = job_spmd.NullStore(s.run.output_dir)
     size = s.run.batch_size
@@ -88,7 +88,7 @@ def run_locked(
         f"batches of {size} to decode"
     )
     # GAMMA = 'auto': an earlier run's choice is reused (never re-planned), else planned below.
-    reuse = plan.load_plan(store.dir, job) if s.planned else None
+    reuse = plan.load_plan(store.out, job) if s.planned else None
     outcome = Outcome(s.with_plan(reuse) if reuse else s, reuse, reuse is not None)
     # c is timed on one host's devices; on several hosts it is left out.
     decoded = outcome.decoded
@@ -126,7 +126,7 @@ def decode_job(
             ids,
             functools.partial(decode.nan_error, s, examples),
         )
-        plan.save_plan(store.dir, job, chosen)
+        plan.save_plan(store.out, job, chosen)
         outcome = dataclasses.replace(
             outcome, decoded=s.with_plan(chosen), plan=chosen, costs=plan.plan_costs(chosen)
         )
@@ -165,11 +165,12 @@ def write_summary(
         summary["partitioner"] = job_spmd.describe(s.models.partitioner)
     if cache is not None and cache.dir:
         summary["compilation_cache"] = cache.to_json()
+    store.finish()  # on a store: predictions.jsonl from the committed chunks
     config = gin.operative_config_str()
     summary["provenance"] = provenance.record(config)
-    (store.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (store.dir / "config.gin").write_text(config)
-    rows.print_summary(summary, store.dir)
+    store.out.write_text("summary.json", json.dumps(summary, indent=2))
+    store.out.write_text("config.gin", config)
+    rows.print_summary(summary, store.out)
     return summary
 
 

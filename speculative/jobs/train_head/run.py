@@ -24,7 +24,7 @@ from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError
-from speculative.job_io import keep_records_up_to, lock_output_dir
+from speculative.job_io import keep_records_up_to, lock_output_dir, require_local
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
@@ -84,6 +84,7 @@ class HeadTrainConfig:
 def check(cfg: HeadTrainConfig) -> None:
     """One-line JobErrors for settings that cannot run, before anything is loaded."""
     check_required(cfg, ("target", "vocabulary", "output_dir"))
+    require_local(cfg.output_dir, "the head trainer")
     positive = ("window", "train_windows", "heldout_windows", "feature_batch", "batch_size")
     positive += ("steps", "checkpoint_every", "eval_depth", "eval_starts")
     for name in positive:
