@@ -129,9 +129,11 @@ def test_infer_on_a_store_resumes_after_a_kill_and_equals_the_local_run(tmp_path
     assert out.read_bytes("predictions.jsonl") == (local_dir / "predictions.jsonl").read_bytes()
     summary = json.loads(out.read_text("summary.json"))
     mine = json.loads((local_dir / "summary.json").read_text())
-    assert {k: v for k, v in summary.items() if k != "this_run"} == {
-        k: v for k, v in mine.items() if k != "this_run"
+    apart = ("this_run", "provenance")  # provenance's gin config names each OUTPUT_DIR
+    assert {k: v for k, v in summary.items() if k not in apart} == {
+        k: v for k, v in mine.items() if k not in apart
     }
+    assert summary["provenance"]["gin_config"] == out.read_text("config.gin")
     assert summary["tokens"] == local["tokens"]
     config = out.read_text("config.gin").replace(store, str(local_dir))
     assert config == (local_dir / "config.gin").read_text()
