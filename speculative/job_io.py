@@ -58,7 +58,7 @@ def prepare_output_dir(output_dir: str) -> pathlib.Path:
         raise JobError(f"output directory must be a non-empty string, got {output_dir!r}")
     if is_remote(output_dir):  # a store has no append, rename or flock: see open_result_store
         raise JobError(f"output directory {output_dir!r}: expected a local directory here")
-    path = pathlib.Path(output_dir)
+    path = pathlib.Path(output_dir).expanduser()  # '~/runs/x' as a shell would read it
     probe = path / f".write_probe.{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)

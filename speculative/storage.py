@@ -72,6 +72,8 @@ class OutputDir:
     def __init__(self, url: str | os.PathLike):
         self.url = os.fspath(url)
         self.remote = is_remote(self.url)
+        if not self.remote:
+            self.url = os.path.expanduser(self.url)  # '~/runs/x' as a shell would read it
         if self.remote:
             self.fs, root = filesystem(self.url)
             self.root = root.rstrip("/")

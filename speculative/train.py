@@ -38,8 +38,10 @@ import optax
 from speculative import configurables, gin_flags, job_io, model_loading, provenance, summaries  # noqa: F401  (gin names)
 from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
-from speculative.checkpoints import load_t5x, t5x_write
+from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
+from speculative.jobs import common
+from speculative.jobs.train import guards, resume
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +216,12 @@ def make_train_step(
     teacher: Any = None,
     distill_weight: float = 0.0,
 ):
-    """A jitted (params, opt_state, batch, teacher_params) -> (params, opt_state, loss)."""
+    """A jitted (params, opt_state, batch, teacher_params, health, step) -> (params, opt_state,
+    loss, gradient norm, health): health is `guards.Health`'s first non-finite step, updated on
+    the device (no host sync per step)."""
 
     @jax.jit
-    def step(params, opt_state, batch, teacher_params=None):
+    def step(params, opt_state, batch, teacher_params, health, number):
         teacher_logits = None
         if teacher is not None:
             teacher_logits = jax.lax.stop_gradient(
@@ -226,8 +230,10 @@ def make_train_step(
         loss, grads = jax.value_and_grad(loss_fn)(
             params, model, batch, teacher_logits, distill_weight
         )
+        grad_norm = optax.tree.norm(grads)
+        health = guards.Health.update(health, number, loss, grad_norm)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, loss, grad_norm, health
 
     return step
 
@@ -245,12 +251,21 @@ def validation_loss(params: Any, model: Any, examples: Examples, batch_size: int
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Runs (or resumes) training; returns the final metrics."""
+    """Runs (or resumes) training under OUTPUT_DIR's lock; returns the final metrics. Settings
+    that cannot work are refused before anything is read, a rerun with other settings is refused
+    (`jobs.train.guards`), and a non-finite loss or gradient norm stops the run before it is
+    logged or saved."""
     job_io.require_local(cfg.output_dir, "the T5 trainer")  # not a local 'gs:' folder
-    out = pathlib.Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    guards.validate(cfg)
+    with job_io.lock_output_dir(cfg.output_dir) as out:
+        common.check_fingerprint(out, guards.FINGERPRINT, guards.fingerprint(cfg), "a model")
+        return _train_locked(cfg, out)
+
+
+def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
     vocabulary = model_loading.load_vocabulary(cfg.vocabulary)
     model = cfg.model
+    guards.check_vocabulary(vocabulary, model_loading.where(cfg.vocabulary), model, cfg.teacher)
     train_set = encode(read_pairs(cfg.train_file), vocabulary, cfg.prefix, cfg.feature_lengths)
     valid_set = None
     if cfg.validation_file:
@@ -258,47 +273,52 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         valid_set = encode(pairs, vocabulary, cfg.prefix, cfg.feature_lengths)
     optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.warmup_steps)
     params = model.init_params(jax.random.PRNGKey(cfg.seed))
-    opt_state = optimizer.init(params)
-    start, params, opt_state = _restore(cfg, out, params, opt_state)
+    start, params, opt_state = resume.restore(
+        out, cfg.steps, model.config, params, optimizer.init(params)
+    )
     teacher_params = None
     if cfg.teacher is not None:
-        if not cfg.teacher_checkpoint:
-            raise JobError("a teacher needs teacher_checkpoint (a T5X checkpoint directory)")
-        teacher_params = load_t5x(cfg.teacher_checkpoint, cfg.teacher.config)
+        teacher_params = model_loading.load_model(
+            model_loading.ModelSpec("t5x", cfg.teacher_checkpoint, cfg.teacher), "teacher"
+        ).params
     train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight)
     earlier = job_io.keep_records_up_to(out / "metrics.jsonl", start)
     wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
     started = time.perf_counter()
-    log = open(out / "metrics.jsonl", "a", encoding="utf-8")
+    log_file = open(out / "metrics.jsonl", "a", encoding="utf-8")
     tensorboard = summaries.Scalars(out, purge_step=start + 1)  # hides a killed run's later steps
     timer = summaries.StepTimer(start)
     bar = _progress(cfg, start)
-    loss = float("nan")
+    loss, health, saved = float("nan"), guards.Health.initial(), start
     for step in range(start, cfg.steps):
         batch = make_batch(train_set, batch_indices(train_set, cfg.batch_size, cfg.seed, step))
-        params, opt_state, loss_value = train_step(params, opt_state, batch, teacher_params)
+        params, opt_state, loss_value, grad_norm, health = train_step(
+            params, opt_state, batch, teacher_params, health, jnp.int32(step + 1)
+        )
         done = step + 1
         record = {"step": done}
         if done % 10 == 0 or done == cfg.steps:
-            loss = float(loss_value)  # the only host sync: every 10 steps
-            record["loss"] = loss
+            guards.Health.check(health, saved)  # the only host sync: every 10 steps
+            loss = float(loss_value)
+            record.update(loss=loss, grad_norm=float(grad_norm))
         if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
             record["validation_loss"] = validation_loss(params, model, valid_set, cfg.batch_size)
         if len(record) > 1:
             record["wall_s"] = round(wall_before + time.perf_counter() - started, 2)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
             tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            guards.Health.check(health, saved)  # never save a state past a non-finite step
             t5x_write.save_t5x(out, params, done, opt_state)
+            saved = done
             tensorboard.flush()
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
-    if bar is not None:
-        bar.close()
-    log.close()
-    tensorboard.close()
+    for closing in (bar, log_file, tensorboard):
+        if closing is not None:
+            closing.close()
     return _finish(cfg, out, params, loss)
 
 
@@ -312,21 +332,6 @@ def _scalars(cfg: TrainConfig, record: dict[str, Any], step_s: float) -> dict[st
         "train/learning_rate": float(schedule(record["step"] - 1)),
         "train/step_time_s": step_s,
     }
-
-
-def _restore(cfg: TrainConfig, out: pathlib.Path, params: Any, opt_state: Any) -> tuple:
-    """(start step, params, optimizer state): the latest checkpoint at or before `steps`, or the
-    fresh ones at step 0. A run can be cut back to an earlier checkpoint (the one the validation
-    loss preferred) by setting steps, as the schedule and the batches are functions of the step
-    alone."""
-    steps_done = [s for s in t5x_write.checkpoint_steps(out) if s <= cfg.steps]
-    if not steps_done:
-        return 0, params, opt_state
-    latest = out / f"checkpoint_{steps_done[-1]}"
-    params = load_t5x(str(latest), cfg.model.config)
-    start, opt_state = t5x_write.load_train_state(latest, opt_state)
-    log.info(f"resuming from {latest} (step {start})")
-    return start, params, opt_state
 
 
 def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> dict[str, Any]:

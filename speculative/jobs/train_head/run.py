@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import os
-import pathlib
 import sys
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError
 from speculative.job_io import keep_records_up_to, lock_output_dir, require_local
+from speculative.jobs import common
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
@@ -97,21 +97,6 @@ def check(cfg: HeadTrainConfig) -> None:
         raise JobError("HeadTrainConfig.mlp_dim, shortlist and feature_noise must be >= 0")
 
 
-def _check_fingerprint(out: pathlib.Path, cfg: HeadTrainConfig) -> None:
-    path = out / FINGERPRINT
-    mine = cfg.fingerprint()
-    if path.exists():
-        theirs = json.loads(path.read_text(encoding="utf-8"))
-        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if differ:
-            raise JobError(
-                f"{out} holds a head trained with other settings ({', '.join(differ)}); use "
-                "another OUTPUT_DIR or the same settings"
-            )
-    else:
-        path.write_text(json.dumps(mine, indent=1), encoding="utf-8")
-
-
 def _progress(cfg: HeadTrainConfig, total: int, initial: int, desc: str):
     if not cfg.progress:
         return None
@@ -164,7 +149,7 @@ def run(cfg: HeadTrainConfig) -> dict[str, Any]:
     """Trains (or resumes) the head; returns summary.json's contents."""
     check(cfg)
     with lock_output_dir(os.path.expanduser(cfg.output_dir)) as out:
-        _check_fingerprint(out, cfg)
+        common.check_fingerprint(out, FINGERPRINT, cfg.fingerprint(), "a head")
         vocabulary = ml.load_vocabulary(cfg.vocabulary)
         target = ml.load_model(cfg.target, "target")
         if not isinstance(target.model, decoder.DecoderLM):
