@@ -26,7 +26,7 @@ Output, in OUTPUT_DIR:
   With PARTITIONER (a ('data', 'model') mesh) the weights are placed on their shards, T5X
   checkpoints read shard by shard, and each batch's rows split over 'data'; with DISTRIBUTED
   every host of a pod slice runs the job, feeds its rows, and process 0 alone writes the files.
-  COMPILATION_CACHE_DIR ('auto': <parent of OUTPUT_DIR>/jax_cache) keeps compiled programs
+  COMPILATION_CACHE_DIR ('auto': ~/.cache/speculative/jax_cache) keeps compiled programs
   across runs; summary.json's compilation_cache says whether this run found them (warm).
   .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
 OUTPUT_DIR may be on an object store (gs://, s3://: any fsspec URL, its implementation installed):

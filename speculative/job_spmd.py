@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import distributed, partitioning
+from speculative import distributed, fetch, partitioning
 from speculative.errors import JobError, is_remote
 from speculative.storage import OutputDir
 
@@ -169,18 +169,18 @@ _CACHE_OPTIONS = {
 
 
 # 'auto' for an OUTPUT_DIR on an object store: the cache stays local (read at every compile).
-LOCAL_CACHE = "~/.cache/speculative/jax_cache"
 
 
 def cache_dir(setting: str | None, output_dir: str) -> str | None:
-    """The cache directory a job uses: None/'' off, 'auto' = <parent of OUTPUT_DIR>/jax_cache for
-    a local OUTPUT_DIR, LOCAL_CACHE for one on an object store."""
+    """The cache directory a job uses: None/'' off; 'auto' = the user's cache,
+    `$SPECULATIVE_CACHE/jax_cache` (default ~/.cache/speculative/jax_cache), shared by every run
+    and never inside or beside OUTPUT_DIR (nor on an object store); else the directory given.
+    output_dir: unused since 'auto' stopped depending on it (kept for the callers)."""
+    del output_dir
     if not setting:
         return None
-    if setting == "auto" and is_remote(output_dir):
-        return os.path.expanduser(LOCAL_CACHE)
     if setting == "auto":
-        return str(pathlib.Path(output_dir).expanduser().resolve().parent / "jax_cache")
+        return str(fetch.default_cache_dir() / "jax_cache")
     return os.path.expanduser(setting)
 
 

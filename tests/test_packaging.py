@@ -7,6 +7,7 @@ from __future__ import annotations
 import email
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,11 +29,17 @@ JOB_DEFAULTS = {
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     pytest.importorskip("setuptools")  # the venv's own build backend (no download)
-    out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of what the package is made of: a checkout's build/ may hold files
+    # since deleted, which a build there would ship.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("speculative", "configs"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)],
-        check=True, cwd=ROOT,
+         "-w", str(out), str(source)],
+        check=True, cwd=source,
     )  # fmt: skip
     (path,) = out.glob("speculative-*.whl")
     return path

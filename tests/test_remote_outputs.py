@@ -212,13 +212,12 @@ def test_missing_filesystem_and_trainers_given_a_store_are_one_line_errors(
     )
     with pytest.raises(JobError, match=r"'zzz://b/o': Protocol not known: zzz"):
         infer.main(_flags(inputs, "zzz://b/o"))
-    # 'auto' puts the compilation cache beside a local OUTPUT_DIR, never on a store.
-    assert job_spmd.cache_dir("auto", "gs://bucket/run") == str(
-        pathlib.Path(job_spmd.LOCAL_CACHE).expanduser()
-    )
+    # 'auto' puts the compilation cache in the user's cache, never on a store.
+    assert job_spmd.cache_dir("auto", "gs://bucket/run") == job_spmd.cache_dir("auto", "/x/out")
+    assert job_spmd.cache_dir("auto", "gs://bucket/run").endswith("speculative/jax_cache")
     train_flags = [
         "--gin_file=configs/train/ende_tiny.gin", "--gin.OUTPUT_DIR='gs://bucket/t5'",
-        "--gin.TRAIN_FILE='tests/data/trans_de_en.tsv'",
+        "--gin.TRAIN_FILE='tests/data/en_de_pairs.tsv'",
     ]  # fmt: skip
     with pytest.raises(JobError, match="'gs://bucket/t5': the T5 trainer writes to a local"):
         train.main(train_flags)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -167,6 +168,11 @@ def measure_cost(
     s: Settings, models: Models, config: decoding.DecodeConfig, ids: Sequence[int]
 ) -> dict[str, Any]:
     """c (draft step / target step) on a batch of the first input, and Thm 3.8's estimates."""
+    # Said before it starts: timing compiles and runs both models a while after the bar ends.
+    logging.getLogger(__name__).info(
+        "measuring c (one draft step / one target step, each timed alone; "
+        "speculative.InferConfig.measure_c=False skips it)"
+    )
     width = inputs.bucket(len(ids), s.inputs.input_length)
     probe = inputs.make_batch([ids] * s.run.batch_size, models.encoder_decoder, width)
     target, draft = models.target, models.draft
