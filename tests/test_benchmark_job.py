@@ -46,7 +46,7 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
         ]
     )
     on_disk = json.loads((out / "benchmark.json").read_text())
-    assert on_disk["cells"] == json.loads(json.dumps(result["cells"]))
+    assert on_disk["cells"] == json.loads(json.dumps(result["cells"])) and on_disk["complete"]
     assert [s["batch_size"] for s in result["skipped"]] == [1000000]
     assert [(c["batch_size"], c["temperature"]) for c in result["cells"]] == [(2, 0.0)]
     assert result["stop_ids"] == [1]  # the byte vocabulary's EOS
@@ -176,3 +176,38 @@ def test_memory_check_uses_the_memory_model_beyond_the_loaded_weights(monkeypatc
     assert bench_setup.memory_shortfall(setup, bench_settings.resolve(cfg), 4) is None
     reason = bench_setup.memory_shortfall(setup, bench_settings.resolve(cfg), 5)
     assert reason.startswith("estimated ") and "> 80% of available" in reason
+
+
+def test_a_sweep_cut_short_leaves_a_result_marked_partial(tmp_path, monkeypatch):
+    """Killed (here: interrupted) after its first cell: benchmark.json holds that cell and says
+    "complete": false, and nothing of an earlier run (its benchmark.json, its plots) is left."""
+    from speculative import benchmark_report
+    from speculative.jobs.benchmark import cells
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "benchmark.json").write_text('{"complete": true, "cells": ["an earlier run"]}')
+    for name in benchmark_report.PLOTS:
+        (out / name).write_bytes(PNG)
+    measured = cells.measure_cell
+
+    def first_cell_only(*args, **kwargs):
+        if (out / "benchmark.json").exists():  # written after the first cell
+            raise KeyboardInterrupt
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(cells, "measure_cell", first_cell_only)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('{"inputs": "Hello"}\n')
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main(
+            ["--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/demo/tiny_random_models.gin",
+             f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'", "--gin.GAMMAS=[2]",
+             "--gin.TEMPERATURES=[0.0, 1.0]", "--gin.BATCH_SIZES=[1]", "--gin.REPEATS=1",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}"]
+        )  # fmt: skip
+    partial = json.loads((out / "benchmark.json").read_text())
+    assert partial["complete"] is False and len(partial["cells"]) == 1
+    assert partial["cells"][0]["temperature"] == 0.0
+    assert not any((out / name).exists() for name in benchmark_report.PLOTS)

@@ -224,3 +224,17 @@ def test_lenience_beside_variants_is_refused():
 def test_sampling_settings_are_refused_before_any_weight_is_read(overrides, message):
     with pytest.raises(JobError, match=f"^sampling: SamplingConfig.{message}"):
         benchmark.validate(_cfg(**overrides))
+
+
+def test_nan_logits_of_a_variant_name_its_own_draft():
+    from speculative.jobs.benchmark import run as bench_run
+    from speculative.jobs.benchmark import settings as bench_settings
+
+    cfg = _cfg(variants=(Variant("model"), Variant("pl", draft=ml.DraftSpec("prompt_lookup"))))
+    s = bench_settings.resolve(cfg, None)
+    error = FloatingPointError("NaN logits in rows [0]")
+    error.role, error.program = "draft", ("pl", 3)
+    message = str(bench_run.nan_error(s, 2, error))
+    assert message.startswith("draft prompt_lookup") and "variant 'pl', gamma 3" in message
+    error.program = ("model", 2)
+    assert str(bench_run.nan_error(s, 2, error)).startswith("draft RANDOM WEIGHTS")

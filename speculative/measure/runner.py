@@ -182,16 +182,20 @@ def run_batches(
             if hasattr(program, "validate"):
                 program.validate(batch)
         for name, program in programs.items():
-            if (name, shape) not in compiled:
-                run, compile_s[name] = program.compile(batch, rng)
-                if warmup:
-                    timing.block(run(batch, rng))
-                compiled[name, shape] = run
-            run = compiled[name, shape]
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                outputs[name] = timing.block(run(batch, rng))
-                times.append(time.perf_counter() - start)
+            try:
+                if (name, shape) not in compiled:
+                    run, compile_s[name] = program.compile(batch, rng)
+                    if warmup:
+                        timing.block(run(batch, rng))
+                    compiled[name, shape] = run
+                run = compiled[name, shape]
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    outputs[name] = timing.block(run(batch, rng))
+                    times.append(time.perf_counter() - start)
+            except FloatingPointError as e:  # NaN logits: say which program (a variant's name)
+                e.program = name
+                raise
             seconds[name] = statistics.median(times)
         yield BatchRun(outputs, seconds, compile_s)

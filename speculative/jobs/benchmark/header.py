@@ -46,6 +46,9 @@ def header(s: Settings, setup: Setup) -> dict[str, Any]:
         "device": str(jax.devices()[0]),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),  # they can change kernels, hence timings
         **({"partitioner": job_spmd.describe(partitioner)} if partitioner else {}),
+        # False until the last cell is measured: a sweep cut short (killed, or an error) leaves
+        # a benchmark.json that says it is partial; a rerun starts the sweep over.
+        "complete": False,
         "cells": [],
         "skipped": [],
     }

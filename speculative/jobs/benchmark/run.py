@@ -56,6 +56,9 @@ def run_locked(
     hits). benchmark.json is rewritten whole (temp file + rename, or one put) after every cell."""
     setup = load(s)
     print_memory(setup, s)
+    for name in ("benchmark.json", *benchmark_report.PLOTS):  # an earlier run's results go first:
+        if out_dir.exists(name):  # nothing of it may stand beside this run's partial results
+            out_dir.delete(name)
     result = header(s, setup)
     result["provenance"] = provenance.record(gin.operative_config_str())  # models built: complete
     if cache is not None and cache.dir:
@@ -86,6 +89,7 @@ def run_locked(
                 result["skipped"].append({"batch_size": batch_size, "reason": reason})
     if not result["cells"]:
         raise JobError("no batch size fitted in memory; nothing was measured")
+    result["complete"] = True
     out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
     benchmark_report.plot(result, out_dir)
     benchmark_report.print_table(result)
@@ -112,6 +116,14 @@ def write_cell(tensorboard: summaries.Scalars, cell: dict[str, Any]) -> None:
 
 
 def nan_error(s: Settings, batch_size: int, error: FloatingPointError) -> JobError:
-    """NaN logits of the target or the (first) draft at a batch size."""
-    paths = {"target": ml.where(s.models.target), "draft": ml.describe(s.models.drafts[0][1])}
-    return common.nan_error(error, f"at batch size {batch_size}", str(error), paths)
+    """NaN logits of the target or a draft at a batch size. The program that raised it
+    (`runner.run_batches` names it: (variant, gamma), or a draft's prefill) picks the draft
+    named: the variant's own, not the job's first."""
+    program = getattr(error, "program", None)
+    draft, where = s.models.drafts[0][1], f"at batch size {batch_size}"
+    if isinstance(program, tuple):  # (variant name, gamma)
+        variant = next((v for v in s.sweep.variants if v.name == program[0]), None)
+        draft = variant.draft if variant is not None and variant.draft is not None else draft
+        where += f" (variant {program[0]!r}, gamma {program[1]})"
+    paths = {"target": ml.where(s.models.target), "draft": ml.describe(draft)}
+    return common.nan_error(error, where, str(error), paths)
