@@ -101,3 +101,14 @@ def test_a_non_finite_loss_stops_training_before_it_is_saved(tmp_path):
 def test_a_tokenizer_wider_than_the_model_is_refused(tmp_path):
     with pytest.raises(JobError, match="model has 64 output ids but the vocabulary"):
         _run(tmp_path / "v", 5, "--gin.t5.T5Config.vocab_size=64")
+
+
+def test_a_tilde_in_output_dir_is_expanded(tmp_path, monkeypatch):
+    from speculative.storage import OutputDir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert job_io.prepare_output_dir("~/runs/a") == tmp_path / "runs/a"
+    with job_io.lock_output_dir("~/runs/b") as out:
+        assert out == tmp_path / "runs/b"
+    assert OutputDir("~/runs/c").url == str(tmp_path / "runs/c")
+    assert not (tmp_path / "~").exists()
