@@ -230,15 +230,17 @@ def keep_records_up_to(path: str | os.PathLike, step: int) -> list[dict]:
     path = pathlib.Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # A torn write can cut a multi-byte character: undecodable bytes make that line unreadable.
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     kept = []
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("step", 0) <= step:
-            kept.append(record)
+        at = record.get("step") if isinstance(record, dict) else None
+        if isinstance(at, int) and not isinstance(at, bool) and at <= step:
+            kept.append(record)  # anything else (not a record, no integer step) is dropped
     if len(kept) < len(lines):
         write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept

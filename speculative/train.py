@@ -348,7 +348,7 @@ def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> di
         final["validation_loss"] = valid[-1]
     final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
     final["provenance"] = provenance.record(gin.operative_config_str())
-    (out / "summary.json").write_text(json.dumps(final, indent=1))
+    job_io.write_text_atomic(out / "summary.json", json.dumps(final, indent=1))
     return final
 
 

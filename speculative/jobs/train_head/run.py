@@ -23,7 +23,7 @@ from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError
-from speculative.job_io import keep_records_up_to, lock_output_dir, require_local
+from speculative.job_io import keep_records_up_to, lock_output_dir, require_local, write_text_atomic
 from speculative.jobs import common
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
@@ -206,6 +206,8 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
             if not np.isfinite(record["loss"]):
                 raise JobError(f"the head's loss is {record['loss']} at step {done}")
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            if not np.isfinite(float(loss)):  # checked here too: never save a poisoned head
+                raise JobError(f"the head's loss is {float(loss)} at step {done}; nothing saved")
             draft_params = {**draft_params, "head": params}
             heldout = head_train.evaluate_heldout(
                 evaluate, draft_params, table, *sides["heldout"], cfg.eval_starts, cfg.eval_depth
@@ -251,6 +253,6 @@ def _summary(cfg, out, sides, ids, feature_s) -> dict[str, Any]:
         "final": evals[-1] if evals else None,
         "provenance": provenance.record(gin.operative_config_str()),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1))
     log.info(f"final held-out evaluation: {json.dumps(summary['final'])}")
     return summary
