@@ -27,8 +27,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, logs, metrics, provenance, vocab
+from speculative import (
+    checkpoints,
+    decoding,
+    fetch,
+    gin_flags,
+    inputs,
+    logs,
+    metrics,
+    provenance,
+    vocab,
+)
 from speculative.drafts import shortlist
+from speculative.errors import LOADER_ERRORS, JobError
 from speculative.measure import runner, timing
 from speculative.models import decoder
 from speculative.sampling import SamplingConfig
@@ -79,6 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=32768,
         help="draft head scores only this many ids (Python stdlib counts + the prompts' ids); 0: all",
     )
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (batch j: seed + j)")
     parser.add_argument(
         "--out",
@@ -323,8 +335,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     logs.setup()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    target, draft = load(args.target), load(args.draft)
-    vocab.check_compatible(draft.vocabulary, target.vocabulary)
+    try:  # a damaged download, an unreadable file, two vocabularies: one line (run_job)
+        target, draft = load(args.target), load(args.draft)
+        vocab.check_compatible(draft.vocabulary, target.vocabulary)
+    except LOADER_ERRORS as e:
+        raise JobError(" ".join(str(e).split()), role="demo") from e
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
     config = decoding.DecodeConfig(
@@ -356,4 +371,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(gin_flags.run_job(main))

@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from speculative import inputs, logs, vocab
+from speculative import gin_flags, inputs, logs, vocab
 from speculative import model_loading as ml
 from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
@@ -101,6 +101,11 @@ def fit_file(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command: 0, or 2 after a one-line `error: ...` (`--debug`: the traceback)."""
+    return gin_flags.run_job(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab_kind", required=True, choices=ml.VOCAB_KINDS)
     parser.add_argument("--vocab_path", default=None)
@@ -118,24 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--input_field alone (a predictions file's reference column is not counted)",
     )
     parser.add_argument("--out", required=True)
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     args = parser.parse_args(argv)
     logs.setup()
     spec = ml.VocabSpec(args.vocab_kind, args.vocab_path, args.extra_ids)
-    try:
-        fit_file(
-            spec,
-            args.input_file,
-            args.out,
-            args.input_field,
-            args.vocab_size,
-            args.num_examples,
-            args.stdlib_bytes,
-            args.count,
-        )
-    except JobError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    fit_file(
+        spec, args.input_file, args.out, args.input_field, args.vocab_size, args.num_examples,
+        args.stdlib_bytes, args.count,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ The arithmetic is `speculative.measure.memory`; this module is only its command 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from speculative import logs
+from speculative import gin_flags, logs
+from speculative.errors import JobError
 from speculative.measure.memory import format_table, paper_report
 
 
@@ -19,7 +21,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input_len", type=int, default=512)
     parser.add_argument("--max_decode_len", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=7)
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     a = parser.parse_args(argv)
+    for name in ("batch_size", "input_len", "max_decode_len", "gamma"):
+        if getattr(a, name) < 1:
+            raise JobError(f"--{name} must be >= 1, got {getattr(a, name)}")
     logs.setup()  # the table is the output (stdout); anything logged goes to stderr
     print(
         f"GiB per device, bf16 params, batch {a.batch_size}, input {a.input_len}, "
@@ -29,4 +35,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(gin_flags.run_job(main))

@@ -152,3 +152,18 @@ def test_a_job_leaves_gin_open_for_modules_imported_after_it(tmp_path):
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("imported"), done.stderr[-2000:]
+
+
+def test_every_command_shares_the_one_line_boundary(capsys, tmp_path):
+    """memory, fit_ngram (and demo, ende_data, the gin jobs) end a user's mistake with one line
+    on stderr and exit status 2; --debug shows the traceback instead."""
+    from speculative import fit_ngram, memory
+
+    assert gin_flags.run_job(memory.main, ["--batch_size", "0"]) == 2
+    assert capsys.readouterr().err == "error: --batch_size must be >= 1, got 0\n"
+    argv = ["--vocab_kind=byte", f"--input_file={tmp_path / 'no.jsonl'}", f"--out={tmp_path / 'x'}"]
+    assert fit_ngram.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: input ") and err.count("\n") == 1
+    assert fit_ngram.main([*argv, "--debug"]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
