@@ -13,7 +13,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from speculative import benchmark, fit_ngram
+from speculative import fit_ngram
 from speculative.drafts import ngram
 from speculative.errors import JobError
 from tests import helpers
@@ -147,28 +147,6 @@ def test_bad_draft_specs_are_one_line_errors(tmp_path, extra, message):
     with pytest.raises(JobError, match=message) as e:
         _infer(tmp_path, "bad", *extra)
     assert "\n" not in str(e.value)
-
-
-def test_benchmark_with_prompt_lookup_writes_its_json(tmp_path):
-    out = tmp_path / "bench"
-    benchmark.main(
-        [
-            "--gin_file=configs/runs/benchmark.gin",
-            "--gin_file=configs/demo/tiny_random_models.gin",
-            "--gin_file=configs/drafts/prompt_lookup.gin",
-            f"--gin.INPUT_FILE='{_inputs(tmp_path)}'",
-            f"--gin.OUTPUT_DIR='{out}'",
-            "--gin.NUM_EXAMPLES=2",
-            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
-            "--gin.GAMMAS=[2]",
-            "--gin.TEMPERATURES=[0.0]",
-            "--gin.BATCH_SIZES=[1]",
-            "--gin.REPEATS=1",
-        ]
-    )
-    result = json.loads((out / "benchmark.json").read_text())
-    assert "prompt_lookup" in json.dumps(result)
-    assert '"exact": true' in json.dumps(result)
 
 
 def _infer_config(**overrides):

@@ -131,6 +131,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two real processes (~20 s); the 8-device mesh tests run in the default suite
 def test_two_processes_on_cpu_resume_a_job_and_write_its_rows_once(tmp_path, monkeypatch):
     """A real two-host run on XLA:CPU (gloo collectives), 2 devices each, a 2x2 mesh, resuming a
     job whose first batch a single-process run wrote: host 0 reads what is done, both hosts

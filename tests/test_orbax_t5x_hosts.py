@@ -54,6 +54,7 @@ def run_hosts(directory: str, results: list[str], timeout: float = 240) -> None:
         assert proc.returncode == 0, f"host process failed:\n{log[-6000:]}"
 
 
+@pytest.mark.slow  # two processes; tests/test_orbax_t5x_shards.py checks every device's slice
 def test_t5x_orbax_each_host_reads_its_shards(tmp_path):
     directory = str(tmp_path / "checkpoint")
     results = [str(tmp_path / f"host{i}.json") for i in range(2)]
