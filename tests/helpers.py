@@ -344,26 +344,6 @@ def tiny_infer(tmp_path: pathlib.Path, name: str, *extra: str) -> tuple[list[dic
     return read_outputs(out)
 
 
-def tiny_variant_sweep(tmp_path: pathlib.Path, variants_gin: str) -> dict:
-    """The benchmark job on the tiny pair sweeping `variants_gin` (a VARIANTS binding) over two
-    prompts: gamma 3, T = 0 and 1, batch 2, 8 tokens; run from the repository root."""
-    from speculative import benchmark
-
-    variants = tmp_path / "variants.gin"
-    variants.write_text(variants_gin)
-    inputs = write_jsonl(tmp_path / "in.jsonl", ["abcabcabc", "Hello, Hello"])
-    return benchmark.main(
-        [
-            "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/demo/tiny_random_models.gin",
-            f"--gin_file={variants}", f"--gin.INPUT_FILE='{inputs}'",
-            f"--gin.OUTPUT_DIR='{tmp_path / 'bench'}'", "--gin.GAMMAS=[3]",
-            "--gin.TEMPERATURES=[0.0, 1.0]", "--gin.BATCH_SIZES=[2]", "--gin.REPEATS=1",
-            "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
-            "--gin.COMPILATION_CACHE_DIR=None",
-        ]
-    )  # fmt: skip
-
-
 def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
     """Writes one {"inputs": text} row per text to `path`; returns it."""
     path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))

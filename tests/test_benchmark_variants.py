@@ -29,6 +29,8 @@ VARIANTS = [
     @lookup/speculative.Variant(),
     @lenient/speculative.Variant(),
     @confident/speculative.Variant(),
+    @block/speculative.Variant(),
+    @tree/speculative.Variant(),
 ]
 model/speculative.Variant:
   name = 'model'
@@ -48,6 +50,12 @@ confident/speculative.Variant:
   gamma_policy = @confident/decoding.GammaPolicy()
   gammas = [4]
 confident/decoding.GammaPolicy.kind = 'confidence'
+block/speculative.Variant:
+  name = 'block'
+  acceptance = 'block'
+tree/speculative.Variant:
+  name = 'tree'
+  tree = (3, 2)
 """
 
 
@@ -85,9 +93,9 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
     cells = {c["temperature"]: c for c in result["cells"]}
     assert sorted(cells) == [0.0, 1.0] and len(result["cells"]) == 2  # one baseline per cell
     labels = {T: [(p["variant"], p["gamma"]) for p in c["points"]] for T, c in cells.items()}
-    exact = [("model", 3), ("lookup", 2), ("confident", 4)]
+    exact = [("model", 3), ("lookup", 2), ("confident", 4), ("block", 2), ("tree", 2)]
     assert labels[0.0] == exact
-    assert labels[1.0] == exact[:2] + [("lenient", 2), ("confident", 4)]
+    assert labels[1.0] == exact[:2] + [("lenient", 2)] + exact[2:]
     for T, cell in cells.items():
         assert set(cell["variants"]) == {v for v, _ in labels[T]}
         assert math.isfinite(cell["plain_target_mean_logprob"])
@@ -99,6 +107,11 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
             assert ("prompt_lookup" in p["draft"]) == (p["variant"] == "lookup")
             kind = "confidence" if p["variant"] == "confident" else "fixed"
             assert p["gamma_policy"]["kind"] == kind
+            # block verification and a token tree beside the chains (one sweep for all of them)
+            assert p["acceptance"] == ("block" if p["variant"] == "block" else "token")
+            tree = p["variant"] == "tree"
+            assert p["tree"] == ([0, 0, 0, 1, 1] if tree else None)
+            assert len(p["acceptance_by_position"]) == p["gamma"] or p["variant"] == "confident"
             if T == 0.0:  # exact greedy: plain's tokens, hence plain's score
                 assert p["greedy_identical_to_plain"] is True
                 assert p["target_mean_logprob"] == pytest.approx(
@@ -107,7 +120,7 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
             else:
                 assert p["greedy_identical_to_plain"] is None
     table = benchmark_report.variant_table(result)
-    assert table.count("\n") == 1 + 2 + 3 + 4  # header, rule, plain + points per cell
+    assert table.count("\n") == 1 + 6 + 7  # header and rule, then plain + points per cell
     assert "| lenient | 1 | 2 |" in table and "| plain | 0 |" in table
 
 

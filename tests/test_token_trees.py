@@ -331,29 +331,5 @@ def test_infer_job_with_a_tree(tmp_path, monkeypatch):
         assert "\n" not in str(e.value)
 
 
-CHAIN_BLOCK_TREE_GIN = """
-VARIANTS = [@chain/speculative.Variant(), @block/speculative.Variant(), @tree/speculative.Variant()]
-chain/speculative.Variant.name = 'chain'
-block/speculative.Variant:
-  name = 'block'
-  acceptance = 'block'
-tree/speculative.Variant:
-  name = 'tree'
-  tree = (3, 2)
-"""
-
-
-def test_benchmark_sweeps_block_and_a_tree_against_the_chain(tmp_path, monkeypatch):
-    """One sweep for both variants beside the chain (each sweep costs ~20 s of compiles)."""
-    monkeypatch.chdir(helpers.ROOT)
-    result = helpers.tiny_variant_sweep(tmp_path, CHAIN_BLOCK_TREE_GIN)
-    for cell in result["cells"]:
-        points = {p["variant"]: p for p in cell["points"]}
-        assert points["chain"]["tree"] is None and points["chain"]["gamma"] == 3
-        assert points["chain"]["acceptance"] == "token"
-        assert points["block"]["acceptance"] == "block" and points["block"]["exact"] is True
-        assert points["tree"]["tree"] == [0, 0, 0, 1, 1] and points["tree"]["gamma"] == 2
-        assert len(points["tree"]["acceptance_by_position"]) == 2
-        if cell["temperature"] == 0.0:
-            assert points["block"]["greedy_identical_to_plain"] is True
-            assert points["tree"]["greedy_identical_to_plain"] is True
+# The benchmark's block and tree variants run in the one variant sweep of
+# tests/test_benchmark_variants.py (a sweep costs ~20 s of compiles).

@@ -58,31 +58,31 @@ def test_settings_that_cannot_work_are_refused_before_anything_is_read(overrides
 
 
 def test_fingerprint_lock_and_a_damaged_newest_checkpoint(tmp_path, caplog):
-    out = tmp_path / "run"
-    _run(out, 10)
-    assert t5x_write.checkpoint_steps(out) == [5, 10]
+    out, every2 = tmp_path / "run", "--gin.speculative.TrainConfig.checkpoint_every=2"
+    _run(out, 4, every2)
+    assert t5x_write.checkpoint_steps(out) == [2, 4]
     # Another seed, or another file under the same name, in the same OUTPUT_DIR: refused, named.
     with pytest.raises(JobError, match=r"holds a model trained with other settings \(seed\)"):
-        _run(out, 10, "--gin.SEED=1")
+        _run(out, 4, every2, "--gin.SEED=1")
     other = tmp_path / "pairs.tsv"
     other.write_text(open(DATA).read().replace("Berlin", "Hamburg"))
     with pytest.raises(JobError, match=r"other settings \(train_file, train_file_sha256\)"):
-        _run(out, 10, f"--gin.TRAIN_FILE='{other}'")
+        _run(out, 4, every2, f"--gin.TRAIN_FILE='{other}'")
     with job_io.lock_output_dir(out):  # a second trainer on the directory
         with pytest.raises(JobError, match="is in use by another job"):
-            _run(out, 10)
-    # Killed while writing checkpoint 15 (a partial temporary directory), and checkpoint 10
-    # damaged since: the run resumes from checkpoint 5, says so, and writes 10 and 15 anew.
-    shutil.rmtree(next((out / "checkpoint_10").glob("target.encoder*")))
-    partial = out / ".tmp_checkpoint_15"
+            _run(out, 4, every2)
+    # Killed while writing checkpoint 6 (a partial temporary directory), and checkpoint 4
+    # damaged since: the run resumes from checkpoint 2, says so, and writes 4 and 6 anew.
+    shutil.rmtree(next((out / "checkpoint_4").glob("target.encoder*")))
+    partial = out / ".tmp_checkpoint_6"
     partial.mkdir()
     (partial / "target.x").write_text("half")
     with caplog.at_level(logging.INFO, logger="speculative"):
-        _run(out, 15)
-    assert "checkpoint_10 cannot be read" in caplog.text and "(step 5)" in caplog.text
-    assert t5x_write.checkpoint_steps(out) == [5, 10, 15]
+        _run(out, 6, every2)
+    assert "checkpoint_4 cannot be read" in caplog.text and "(step 2)" in caplog.text
+    assert t5x_write.checkpoint_steps(out) == [2, 4, 6]
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [10, 15]  # step 10 logged once: the resumed run's, from checkpoint 5
+    assert steps == [6]  # the damaged run's step 4 was past checkpoint 2: dropped, redone
 
 
 def test_a_non_finite_loss_stops_training_before_it_is_saved(tmp_path):
