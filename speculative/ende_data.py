@@ -210,17 +210,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
         job_io.write_text_atomic(args.labels_out, lines)
         log.info(f"{len(pairs)} distillation pairs in {args.labels_out}")
         return {"distill": len(pairs)}
-    out = pathlib.Path(args.out)
-    source = (
-        pathlib.Path(args.dictionary) if args.dictionary else fetch_dictionary(out / "download")
-    )
-    try:
-        with open(source, encoding="utf-8") as f:
-            pairs = sentence_pairs(f)
-    except (OSError, UnicodeDecodeError) as e:
-        raise JobError(f"cannot read it: {e}", role="dictionary", path=source) from None
-    counts = write_splits(pairs, out)
-    model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
+    # Every run rebuilds the whole directory from its source (nothing resumes, so nothing of two
+    # configurations can mix); the lock keeps a second process from writing it at the same time.
+    with job_io.lock_output_dir(args.out) as out:
+        source = (
+            pathlib.Path(args.dictionary) if args.dictionary else fetch_dictionary(out / "download")
+        )
+        try:
+            with open(source, encoding="utf-8") as f:
+                pairs = sentence_pairs(f)
+        except (OSError, UnicodeDecodeError) as e:
+            raise JobError(f"cannot read it: {e}", role="dictionary", path=source) from None
+        counts = write_splits(pairs, out)
+        model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
     log.info(f"{counts} pairs in {out}; vocabulary {model}")
     return counts
 

@@ -157,3 +157,11 @@ def test_seqio_task_over_the_splits(tmp_path):
     first = examples[0]
     assert vocabulary.decode(first["inputs"].tolist()).startswith("translate English to German: ")
     assert first["inputs"][-1] == 1 and first["targets"][-1] == 1  # EOS appended
+
+
+def test_a_second_process_building_the_same_directory_is_refused(tmp_path):
+    from speculative import job_io
+
+    with job_io.lock_output_dir(tmp_path / "o"):
+        with pytest.raises(JobError, match="is in use by another job"):
+            ende_data.main(["--dictionary", str(tmp_path / "d"), "--out", str(tmp_path / "o")])

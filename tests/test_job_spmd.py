@@ -39,6 +39,7 @@ def test_infer_job_on_meshes_of_8_host_devices(tmp_path):
 # Compilation cache.
 
 
+@pytest.mark.slow  # two job processes (~11 s); cache_dir and restore are unit-tested below
 def test_second_run_in_a_fresh_process_hits_the_compilation_cache(tmp_path):
     inputs, cache = _write_inputs(tmp_path / "in.jsonl"), tmp_path / "cache"
     summaries = []

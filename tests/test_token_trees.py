@@ -262,6 +262,8 @@ def test_tree_decoding_samples_the_target_distribution(small_pair, small_target_
     )  # fmt: skip
 
 
+@pytest.mark.slow  # 24k sampled rows (~19 s); the tree rule with deterministic proposals is
+# checked exactly in test_tree_rule_outputs_the_target_distribution[fixed-*]
 def test_lookup_tree_decoding_samples_the_target_distribution(small_pair, small_target_probs):
     cfg = SamplingConfig(temperature=1.0)
     (target, params), _ = small_pair

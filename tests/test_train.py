@@ -162,6 +162,7 @@ def _student_teacher_kl(student_dir, teacher_dir):
     return float(np.sum(np.asarray(kl) * mask) / mask.sum())
 
 
+@pytest.mark.slow  # two 30-step trainings (~35 s); run with scripts/test.sh --slow
 def test_token_level_distillation_moves_the_student_towards_its_teacher(trained, tmp_path):
     teacher_dir, _ = trained
     # One checkpoint and no validation passes: only the final students are compared.
@@ -183,3 +184,19 @@ def test_batches_cover_an_epoch_and_a_tiny_dataset_is_cycled():
     assert len(set(epoch.tolist())) == 8  # two batches of 4 distinct examples per epoch
     small = train.batch_indices(examples, 16, 0, 3)
     assert small.shape == (16,) and set(small.tolist()) == set(range(10))
+
+
+def test_distillation_loss_is_the_teacher_student_kl():
+    """The default suite's check of the distillation loss (the training run is in the slow suite):
+    KL(p || q) per token, 0 for the teacher itself, mixed into the loss by distill_weight."""
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(2, 3, 8)).astype(np.float32)
+    student = rng.normal(size=(2, 3, 8)).astype(np.float32)
+    np.testing.assert_allclose(train.token_kl(teacher, teacher), 0.0, atol=1e-6)
+    p = np.exp(teacher) / np.exp(teacher).sum(-1, keepdims=True)
+    q = np.exp(student) / np.exp(student).sum(-1, keepdims=True)
+    np.testing.assert_allclose(
+        train.token_kl(teacher, student), (p * np.log(p / q)).sum(-1), rtol=1e-5
+    )
+    padded = np.concatenate([student, np.full((2, 3, 4), -1e9, np.float32)], -1)
+    np.testing.assert_allclose(train.token_kl(teacher, padded), train.token_kl(teacher, student))
