@@ -44,9 +44,12 @@ def infer_format(source: str) -> str:
     config = path / "config.json"
     if config.is_file():
         try:
-            model_type = json.loads(config.read_text()).get("model_type")
+            fields = json.loads(config.read_text())
         except (OSError, ValueError) as e:
             raise JobError(f"config.json is not readable JSON: {e}", path=str(config)) from None
+        if not isinstance(fields, dict):
+            raise JobError("config.json is not a JSON object", path=str(config))
+        model_type = fields.get("model_type")
         return "hf_t5" if model_type in ("t5", "mt5", "umt5") else "hf"
     if (path / "checkpoint").is_file() or (path / "_CHECKPOINT_METADATA").is_file():
         return "t5x"

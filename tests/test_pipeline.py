@@ -63,6 +63,9 @@ def test_formats_are_inferred_from_names_and_paths(tmp_path):
     (tmp_path / "bad/config.json").write_text("{")
     with pytest.raises(JobError, match="config.json is not readable JSON"):
         pipeline.infer_format(str(tmp_path / "bad"))
+    (tmp_path / "bad/config.json").write_text("[1]")
+    with pytest.raises(JobError, match="config.json is not a JSON object"):
+        pipeline.infer_format(str(tmp_path / "bad"))
 
 
 def test_load_errors_are_the_jobs_one_line_errors():
