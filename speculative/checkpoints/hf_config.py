@@ -18,7 +18,6 @@ enforces):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -28,15 +27,6 @@ import jax.numpy as jnp
 from speculative.models.decoder import DecoderConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
-
-
-def read_json(path: str, what: str) -> Any:
-    """json.load of a file, with a ValueError naming the file on invalid JSON or bad encoding."""
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"{path}: {what} is not valid JSON: {e}") from e
 
 
 def _positive(hf: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:

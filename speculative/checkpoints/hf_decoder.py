@@ -33,7 +33,7 @@ import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors as
 import numpy as np
 import safetensors
 
-from speculative.checkpoints import hf_config, validation
+from speculative.checkpoints import hf_config, hf_t5, validation
 from speculative.models import rope
 from speculative.models.decoder import DecoderConfig, DecoderLM
 
@@ -50,16 +50,8 @@ def _shard_files(directory: str) -> list[str]:
     index_path = os.path.join(directory, "model.safetensors.index.json")
     single = os.path.join(directory, "model.safetensors")
     if os.path.isfile(index_path):
-        index = hf_config.read_json(index_path, "safetensors index")
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(v, str) for v in weight_map.values()
-        ):
-            raise ValueError(f"{index_path}: no 'weight_map' object of tensor name -> shard file")
-        shards = sorted(set(weight_map.values()))
+        shards = sorted(set(hf_t5.shard_paths(directory, index_path).values()))
         for shard in shards:
-            if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
-                raise ValueError(f"{index_path}: shard {shard!r} is outside {directory}")
             if not os.path.isfile(os.path.join(directory, shard)):
                 raise FileNotFoundError(f"{index_path}: shard {shard!r} does not exist")
         return [os.path.join(directory, shard) for shard in shards]
@@ -222,7 +214,7 @@ def load_hf_decoder(
         directory = os.path.dirname(directory) or "."
     source = hf_config.config_path(directory)
     headers = read_headers(directory)
-    hf = hf_config.read_json(source, "config")
+    hf = hf_t5.read_json(source, "config")
     config, note = hf_config.decoder_config(hf, "lm_head.weight" in headers, dtype, source)
     if note:
         log.info(f"{directory}: {note}")

@@ -202,7 +202,7 @@ def _get_tensor(handle: Any, name: str, path: str) -> np.ndarray:
         raise ValueError(f"{path}: tensor {name!r} cannot be read as a numpy array: {e}") from e
 
 
-def _read_json(path: str, role: str) -> Any:
+def read_json(path: str, role: str) -> Any:
     """json.load of a file, with a ValueError naming the file on invalid JSON or bad encoding."""
     try:
         with open(path, "rb") as f:
@@ -211,9 +211,10 @@ def _read_json(path: str, role: str) -> Any:
         raise ValueError(f"{path}: {role} is not valid JSON: {e}") from e
 
 
-def _shard_paths(directory: str, index_path: str) -> dict[str, str]:
-    """{tensor name: shard file} from model.safetensors.index.json, checked for shape."""
-    index = _read_json(index_path, "safetensors index")
+def shard_paths(directory: str, index_path: str) -> dict[str, str]:
+    """{tensor name: shard file} from model.safetensors.index.json (any HF model), checked for
+    shape and for shards outside `directory`."""
+    index = read_json(index_path, "safetensors index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index_path}: no 'weight_map' object of tensor name -> shard file")
@@ -228,7 +229,7 @@ def read_hf_weights(directory: str) -> dict[str, np.ndarray]:
     index_path = os.path.join(directory, "model.safetensors.index.json")
     single = os.path.join(directory, "model.safetensors")
     if os.path.exists(index_path):
-        weight_map = _shard_paths(directory, index_path)
+        weight_map = shard_paths(directory, index_path)
         tensors = {}
         for shard in sorted(set(weight_map.values())):
             shard_tensors = read_safetensors(os.path.join(directory, shard))
@@ -252,7 +253,7 @@ def read_config(path: str) -> dict[str, Any]:
     Checks that it is a JSON object with an integer `vocab_size`, that the sizes T5 reads are
     positive integers, and that `layer_norm_epsilon` is a positive number.
     """
-    hf = _read_json(path, "config")
+    hf = read_json(path, "config")
     if not isinstance(hf, dict):
         raise ValueError(f"{path}: config is a JSON {type(hf).__name__}, not an object")
     if "vocab_size" not in hf:
