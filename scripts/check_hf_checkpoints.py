@@ -70,15 +70,6 @@ def export(name: str) -> str:
     return str(out)
 
 
-def batch_of(token_lists: list[list[int]]) -> dict[str, jax.Array]:
-    width = max(len(t) for t in token_lists)
-    prompt = np.zeros((len(token_lists), width), np.int32)
-    for row, ids in enumerate(token_lists):
-        prompt[row, : len(ids)] = ids
-    lengths = np.array([len(t) for t in token_lists], np.int32)
-    return {"prompt": jnp.asarray(prompt), "prompt_lengths": jnp.asarray(lengths)}
-
-
 def logits(config, params, ids: list[int]) -> np.ndarray:
     """[L, V] float32 logits of one prompt."""
     model = DecoderLM(config)
@@ -105,7 +96,7 @@ def run_path(kind: str, paths: dict[str, str], prompts: list[str], tokens: int) 
     for role, (config, params) in loaded.items():
         result["logits"][role] = [logits(config, params, voc.encode(p)) for p in LOGIT_PROMPTS]
     (tc, tp), (dc, dp) = loaded["target"], loaded["draft"]
-    batch = batch_of([voc.encode(p) for p in prompts])
+    batch = inputs.decoder_batch([voc.encode(p) for p in prompts])
     start = time.perf_counter()
     out = decoding.speculative_decode(
         DecoderLM(tc), tp, DecoderLM(dc), dp, batch, gamma=4, max_decode_len=tokens,

@@ -171,12 +171,10 @@ _CACHE_OPTIONS = {
 # 'auto' for an OUTPUT_DIR on an object store: the cache stays local (read at every compile).
 
 
-def cache_dir(setting: str | None, output_dir: str) -> str | None:
+def cache_dir(setting: str | None) -> str | None:
     """The cache directory a job uses: None/'' off; 'auto' = the user's cache,
     `$SPECULATIVE_CACHE/jax_cache` (default ~/.cache/speculative/jax_cache), shared by every run
-    and never inside or beside OUTPUT_DIR (nor on an object store); else the directory given.
-    output_dir: unused since 'auto' stopped depending on it (kept for the callers)."""
-    del output_dir
+    and never inside or beside OUTPUT_DIR (nor on an object store); else the directory given."""
     if not setting:
         return None
     if setting == "auto":

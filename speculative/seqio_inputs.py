@@ -6,8 +6,6 @@ in); a missing extra is a one-line JobError saying how to install it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from speculative.errors import JobError
 from speculative.inputs import Example
 
@@ -25,15 +23,12 @@ def require_seqio():
     return seqio
 
 
-def read_task(
-    name: str, split: str, feature_lengths: Mapping[str, int], limit: int | None
-) -> list[Example]:
+def read_task(name: str, split: str, limit: int | None) -> list[Example]:
     """The first `limit` examples of a registered seqio Task/Mixture split, in dataset order (no
     shuffle). ids are seqio's token ids of "inputs", untrimmed (EOS appended where the Task adds
     it): `encode` trims them as it trims text, so a long input is reported (`truncated_from`) or
     refused (STRICT_INPUTS) as a file's would be. Raises JobError when the split is empty or seqio
-    is missing. feature_lengths: unused by seqio here (kept for the callers' signature)."""
-    del feature_lengths  # trimmed by `encode`, which knows how long each input was
+    is missing."""
     seqio = require_seqio()
     dataset = seqio.get_mixture_or_task(name).get_dataset(
         sequence_length=None, split=split, shuffle=False, num_epochs=1, trim_output_features=False

@@ -218,8 +218,9 @@ def test_missing_filesystem_and_trainers_given_a_store_are_one_line_errors(
     with pytest.raises(JobError, match=r"'zzz://b/o': Protocol not known: zzz"):
         infer.main(_flags(inputs, "zzz://b/o"))
     # 'auto' puts the compilation cache in the user's cache, never on a store.
-    assert job_spmd.cache_dir("auto", "gs://bucket/run") == job_spmd.cache_dir("auto", "/x/out")
-    assert job_spmd.cache_dir("auto", "gs://bucket/run").endswith("speculative/jax_cache")
+    assert job_spmd.cache_dir("auto").endswith(
+        "speculative/jax_cache"
+    )  # local, whatever OUTPUT_DIR
     train_flags = [
         "--gin_file=configs/train/ende_tiny.gin", "--gin.OUTPUT_DIR='gs://bucket/t5'",
         "--gin.TRAIN_FILE='tests/data/en_de_pairs.tsv'",

@@ -136,7 +136,7 @@ def locked_output_dir(
     """OUTPUT_DIR's lock (when `lock`: the writer's; a lock object on a store, see
     `job_io.hold_output_dir`) and JAX's compilation cache (COMPILATION_CACHE_DIR, 'auto' beside a
     local OUTPUT_DIR) while the block runs; yields the cache's stats."""
-    cache_dir = job_spmd.cache_dir(cache_setting, output_dir)
+    cache_dir = job_spmd.cache_dir(cache_setting)
     held = hold_output_dir(output_dir) if lock else contextlib.nullcontext()
     with held, job_spmd.compilation_cache(cache_dir) as cache:
         yield cache

@@ -36,9 +36,7 @@ def load_examples(s: Inputs) -> list[Example]:
         importlib.import_module(s.task_module)
     if s.task_setup is not None:
         s.task_setup()
-    return seqio_inputs.read_task(
-        s.mixture_or_task_name, s.task_split, dict(s.feature_lengths), s.num_examples
-    )
+    return seqio_inputs.read_task(s.mixture_or_task_name, s.task_split, s.num_examples)
 
 
 def encode_inputs(
