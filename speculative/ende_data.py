@@ -169,26 +169,30 @@ def fetch_dictionary(workdir: pathlib.Path) -> pathlib.Path:
     """Downloads and unpacks the Debian package; returns the path of its de-en dictionary.
     Raises JobError when the system's package tools are missing or fail."""
     workdir.mkdir(parents=True, exist_ok=True)
-    commands = (
-        ["apt-get", "download", "trans-de-en"],
-        ["dpkg-deb", "-x", "{deb}", str(workdir / "root")],
-    )
-    for command in commands:
-        debs = sorted(workdir.glob("trans-de-en_*.deb"))
-        command = [part.format(deb=debs[-1] if debs else "") for part in command]
-        try:
-            subprocess.run(command, cwd=workdir, check=True)
-        except FileNotFoundError:
-            raise JobError(
-                f"{command[0]} is not installed: the corpus comes from the Debian package "
-                "trans-de-en; elsewhere pass --dictionary=<its unpacked de-en file>",
-                role="dictionary",
-            ) from None
-        except subprocess.CalledProcessError as e:
-            raise JobError(
-                f"{' '.join(command)} failed (exit {e.returncode})", role="dictionary"
-            ) from None
+    _system(["apt-get", "download", "trans-de-en"], workdir)
+    debs = sorted(workdir.glob("trans-de-en_*.deb"))
+    if not debs:
+        raise JobError(
+            f"apt-get download left no trans-de-en_*.deb in {workdir}", role="dictionary"
+        )
+    _system(["dpkg-deb", "-x", str(debs[-1]), str(workdir / "root")], workdir)
     return workdir / "root/usr/share/trans/de-en"
+
+
+def _system(command: list[str], cwd: pathlib.Path) -> None:
+    """Runs one of the system's package tools; a missing or failing one is a JobError."""
+    try:
+        subprocess.run(command, cwd=cwd, check=True)
+    except FileNotFoundError:
+        raise JobError(
+            f"{command[0]} is not installed: the corpus comes from the Debian package "
+            "trans-de-en; elsewhere pass --dictionary=<its unpacked de-en file>",
+            role="dictionary",
+        ) from None
+    except subprocess.CalledProcessError as e:
+        raise JobError(
+            f"{' '.join(command)} failed (exit {e.returncode})", role="dictionary"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
