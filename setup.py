@@ -62,7 +62,7 @@ setup(
     ],
     extras_require={
         "dev": [
-            "pytest>=8.0",
+            "pytest>=9.2",  # faulthandler_exit_on_timeout (pyproject.toml)
             "pytest-xdist>=3.5",  # scripts/test.sh runs the suite on 2 workers
             "ruff>=0.5",
             "scipy>=1.11",

@@ -14,4 +14,6 @@ if [[ "${1:-}" == "--slow" ]]; then
   exec .venv/bin/python -m pytest -m slow "$@"
 fi
 # --dist loadfile: a module's tests share one worker (module-scoped fixtures are built once).
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+# --max-worker-restart=0: a crashed worker fails the run at once; pytest-xdist 3.8's loadfile
+# scheduler can wait forever for the work of a worker it replaced (pytest-xdist issue 784).
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --max-worker-restart=0 "$@"

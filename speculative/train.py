@@ -19,6 +19,7 @@ rate after a linear warm-up) or AdamW.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -285,40 +286,42 @@ def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
     earlier = job_io.keep_records_up_to(out / "metrics.jsonl", start)
     wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
     started = time.perf_counter()
-    log_file = open(out / "metrics.jsonl", "a", encoding="utf-8")
-    tensorboard = summaries.Scalars(out, purge_step=start + 1)  # hides a killed run's later steps
-    timer = summaries.StepTimer(start)
-    bar = _progress(cfg, start)
+    timer, bar = summaries.StepTimer(start), _progress(cfg, start)
     loss, health, saved = float("nan"), guards.Health.initial(), start
-    for step in range(start, cfg.steps):
-        batch = make_batch(train_set, batch_indices(train_set, cfg.batch_size, cfg.seed, step))
-        params, opt_state, loss_value, grad_norm, health = train_step(
-            params, opt_state, batch, teacher_params, health, jnp.int32(step + 1)
-        )
-        done = step + 1
-        record = {"step": done}
-        if done % 10 == 0 or done == cfg.steps:
-            guards.Health.check(health, saved)  # the only host sync: every 10 steps
-            loss = float(loss_value)
-            record.update(loss=loss, grad_norm=float(grad_norm))
-        if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-            record["validation_loss"] = validation_loss(params, model, valid_set, cfg.batch_size)
-        if len(record) > 1:
-            record["wall_s"] = round(wall_before + time.perf_counter() - started, 2)
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-            tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            guards.Health.check(health, saved)  # never save a state past a non-finite step
-            t5x_write.save_t5x(out, params, done, opt_state)
-            saved = done
-            tensorboard.flush()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
-    for closing in (bar, log_file, tensorboard):
-        if closing is not None:
-            closing.close()
+    # purge_step hides a killed run's later steps; `with` closes the writers on a raised JobError
+    with (
+        open(out / "metrics.jsonl", "a", encoding="utf-8") as log_file,
+        summaries.Scalars(out, purge_step=start + 1) as tensorboard,
+        bar if bar is not None else contextlib.nullcontext(),
+    ):
+        for step in range(start, cfg.steps):
+            batch = make_batch(train_set, batch_indices(train_set, cfg.batch_size, cfg.seed, step))
+            params, opt_state, loss_value, grad_norm, health = train_step(
+                params, opt_state, batch, teacher_params, health, jnp.int32(step + 1)
+            )
+            done = step + 1
+            record = {"step": done}
+            if done % 10 == 0 or done == cfg.steps:
+                guards.Health.check(health, saved)  # the only host sync: every 10 steps
+                loss = float(loss_value)
+                record.update(loss=loss, grad_norm=float(grad_norm))
+            if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                record["validation_loss"] = validation_loss(
+                    params, model, valid_set, cfg.batch_size
+                )
+            if len(record) > 1:
+                record["wall_s"] = round(wall_before + time.perf_counter() - started, 2)
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+                tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                guards.Health.check(health, saved)  # never save a state past a non-finite step
+                t5x_write.save_t5x(out, params, done, opt_state)
+                saved = done
+                tensorboard.flush()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
     return _finish(cfg, out, params, loss)
 
 

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shutil
+import threading
 
 import pytest
 
@@ -96,6 +97,8 @@ def test_a_non_finite_loss_stops_training_before_it_is_saved(tmp_path):
     assert 1 <= step <= 5  # found at the first check, step 5 at the latest
     assert t5x_write.checkpoint_steps(out) == []  # the poisoned state was never saved
     assert not (out / "metrics.jsonl").read_text()  # nor logged
+    # the stopped run closed its TensorBoard writer: no event-logger thread of it lives on
+    assert not [t for t in threading.enumerate() if type(t).__name__ == "_EventLoggerThread"]
 
 
 def test_a_tokenizer_wider_than_the_model_is_refused(tmp_path):

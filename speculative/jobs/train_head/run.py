@@ -3,6 +3,7 @@ checkpoints that resume, held-out alpha per draft position (module doc of specul
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -187,45 +188,45 @@ def _train(cfg, out, target, config, ids, sides, used, feature_s) -> dict[str, A
     )
     evaluate = head_train.make_evaluate(drafter, cfg.eval_depth, used)
     tokens, features = sides["train"]
-    log = open(out / "metrics.jsonl", "a", encoding="utf-8")
-    tensorboard, timer = summaries.Scalars(out, purge_step=start + 1), summaries.StepTimer(start)
+    timer, began, record = summaries.StepTimer(start), time.perf_counter(), {}
     bar = _progress(cfg, cfg.steps, start, "train head")
-    began = time.perf_counter()
-    record: dict[str, Any] = {}
-    for step in range(start, cfg.steps):
-        rows = head_train.batch_windows(len(tokens), cfg.batch_size, cfg.seed, step)
-        batch = jnp.asarray(np.asarray(features[np.sort(rows)], np.float32))
-        rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        params, opt_state, loss, parts = step_fn(
-            params, opt_state, batch, jnp.asarray(tokens[np.sort(rows)]), embedding, scorer, rng
-        )
-        done = step + 1
-        if done % 10 == 0 or done == cfg.steps:
-            record = {"step": done, "loss": float(loss)}
-            record.update({k: float(v) for k, v in parts.items()})
-            if not np.isfinite(record["loss"]):
-                raise JobError(f"the head's loss is {record['loss']} at step {done}")
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            if not np.isfinite(float(loss)):  # checked here too: never save a poisoned head
-                raise JobError(f"the head's loss is {float(loss)} at step {done}; nothing saved")
-            draft_params = {**draft_params, "head": params}
-            heldout = head_train.evaluate_heldout(
-                evaluate, draft_params, table, *sides["heldout"], cfg.eval_starts, cfg.eval_depth
+    # `with`: a raised JobError (a non-finite loss) closes them too, so no writer thread outlives it
+    with (
+        open(out / "metrics.jsonl", "a", encoding="utf-8") as log,
+        summaries.Scalars(out, purge_step=start + 1) as tensorboard,
+        bar if bar is not None else contextlib.nullcontext(),
+    ):
+        for step in range(start, cfg.steps):
+            rows = head_train.batch_windows(len(tokens), cfg.batch_size, cfg.seed, step)
+            batch = jnp.asarray(np.asarray(features[np.sort(rows)], np.float32))
+            rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
+            params, opt_state, loss, parts = step_fn(
+                params, opt_state, batch, jnp.asarray(tokens[np.sort(rows)]), embedding, scorer, rng
             )
-            record = {"step": done, **record, "heldout": heldout}
-            t5x_write.save_t5x(out, {"head": params, "lm_head_ids": ids}, done, opt_state)
-        if record:
-            record["train_s"] = round(time.perf_counter() - began, 1)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
-            record = {}
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    log.close()
-    tensorboard.close()
+            done = step + 1
+            if done % 10 == 0 or done == cfg.steps:
+                record = {"step": done, "loss": float(loss)}
+                record.update({k: float(v) for k, v in parts.items()})
+                if not np.isfinite(record["loss"]):
+                    raise JobError(f"the head's loss is {record['loss']} at step {done}")
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                if not np.isfinite(float(loss)):  # checked here too: never save a poisoned head
+                    raise JobError(
+                        f"the head's loss is {float(loss)} at step {done}; nothing saved"
+                    )
+                draft_params = {**draft_params, "head": params}
+                held = (*sides["heldout"], cfg.eval_starts, cfg.eval_depth)
+                heldout = head_train.evaluate_heldout(evaluate, draft_params, table, *held)
+                record = {"step": done, **record, "heldout": heldout}
+                t5x_write.save_t5x(out, {"head": params, "lm_head_ids": ids}, done, opt_state)
+            if record:
+                record["train_s"] = round(time.perf_counter() - began, 1)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
+                record = {}
+            if bar is not None:
+                bar.update(1)
     return _summary(cfg, out, sides, ids, feature_s)
 
 
