@@ -8,7 +8,7 @@
 # JAX_COMPILATION_CACHE_DIR= scripts/test.sh runs cold (no persistent cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh dev,seqio  # seqio: the offline seqio Task test (tests/test_seqio_task.py)
+bash scripts/setup_env.sh dev,seqio  # seqio: the offline seqio Task tests (tests/test_seqio_task.py, in their own process)
 if [[ "${1:-}" == "--slow" ]]; then
   shift
   exec .venv/bin/python -m pytest -m slow "$@"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 # The suite compiles hundreds of tiny programs whose run time is negligible next to their compile
 # time: XLA:CPU's lowest backend optimisation level compiles them about a quarter faster. Set before
@@ -46,6 +47,15 @@ _CACHE = os.environ.get(
 if _CACHE:
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+@pytest.fixture(autouse=True)
+def _no_tensorflow_in_the_worker():
+    """TensorFlow and JAX in one process can crash it: a test that imports TensorFlow (seqio does)
+    belongs in tests/test_seqio_task.py, which runs in its own interpreter."""
+    yield
+    if os.environ.get(helpers.TENSORFLOW_PROCESS) != "1":
+        assert "tensorflow" not in sys.modules, "this test imported TensorFlow into a JAX worker"
 
 
 @pytest.fixture(scope="session")

@@ -376,27 +376,51 @@ def run_pytest_on_host_devices(
 ) -> dict[str, int]:
     """Runs pytest on `modules` (paths relative to the repository) in a fresh interpreter with
     `devices` host devices (XLA's device count is fixed when JAX starts, and the suite runs on one
-    device), and asserts that at least `min_tests` ran, all passed and none was skipped (a module
-    skips itself without the devices). `report` is the JUnit XML file it writes. Returns the counts.
-    """
+    device); see `run_pytest_in_subprocess`."""
+    env = host_devices_env(devices)
+    return run_pytest_in_subprocess(
+        modules, report, min_tests, env, f"on {devices} devices", timeout
+    )
+
+
+def run_pytest_in_subprocess(
+    modules: list[str],
+    report: pathlib.Path,
+    min_tests: int,
+    env: dict[str, str],
+    where: str,
+    timeout: int = 900,
+) -> dict[str, int]:
+    """Runs pytest on `modules` in a fresh interpreter with environment `env`, and asserts that at
+    least `min_tests` ran, all passed and none was skipped (a module skips itself outside such a
+    process). `report` is the JUnit XML file it writes; `where` names the process in failures.
+    Returns the counts."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={report}", *modules]
-    proc = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env=host_devices_env(devices),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     log = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"{' '.join(modules)} failed on {devices} devices:\n{log}"
+    assert proc.returncode == 0, f"{' '.join(modules)} failed {where}:\n{log}"
     suite = ET.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     assert counts["tests"] >= min_tests and counts["failures"] == counts["errors"] == 0, log
-    assert counts["skipped"] == 0, f"tests were skipped (not {devices} devices?):\n{log}"
+    assert counts["skipped"] == 0, f"tests were skipped (not {where}?):\n{log}"
     return counts
+
+
+# TensorFlow (which seqio needs) and JAX in one process can crash it (both carry XLA and LLVM): the
+# tests that import it run in their own interpreter (tests/test_seqio_process.py), which sets this.
+TENSORFLOW_PROCESS = "SPECULATIVE_TEST_TENSORFLOW_PROCESS"
+
+
+def in_tensorflow_process():
+    """The skip marker of a module whose tests import TensorFlow: they run only in the interpreter
+    tests/test_seqio_process.py starts."""
+    return pytest.mark.skipif(
+        os.environ.get(TENSORFLOW_PROCESS) != "1",
+        reason="imports TensorFlow; the default suite runs it in a subprocess "
+        "(tests/test_seqio_process.py)",
+    )
 
 
 # A line of the jobs' log (speculative/logs.py): "2026-12-03 16:21:21,123 INFO speculative.x: ...".

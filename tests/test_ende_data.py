@@ -134,31 +134,6 @@ def test_sentencepiece_is_t5_style(tmp_path):
     assert sp.decode(ids) == "Wir haben das Haus gekauft." and min(ids) > 2
 
 
-def test_seqio_task_over_the_splits(tmp_path):
-    pytest.importorskip("seqio", reason="seqio extra not installed (pip install .[seqio])")
-    import seqio
-
-    from speculative.job_config import seqio_tasks_module
-
-    pairs = [
-        tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
-    ]
-    counts = ende_data.write_splits(pairs, tmp_path)
-    model = ende_data.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)
-    name = seqio_tasks_module().add_ende_task(str(tmp_path), str(model), name="test_ende_mini")
-    task = seqio.get_mixture_or_task(name)
-    vocabulary = task.output_features["inputs"].vocabulary
-    for split in ende_data.SPLITS:
-        examples = list(task.get_dataset(None, split=split, shuffle=False).as_numpy_iterator())
-        assert len(examples) == counts[split]
-    heldout = list(task.get_dataset(None, split="heldout", shuffle=False).as_numpy_iterator())
-    assert len(heldout) == counts["validation"] + counts["test"]
-    first = examples[0]
-    assert vocabulary.decode(first["inputs"].tolist()).startswith("translate English to German: ")
-    assert first["inputs"][-1] == 1 and first["targets"][-1] == 1  # EOS appended
-
-
 def test_a_second_process_building_the_same_directory_is_refused(tmp_path):
     from speculative import job_io
 

@@ -1,20 +1,23 @@
-"""A seqio Task over local files (tests/data/en_de_pairs.tsv) through the inference job.
+"""seqio Tasks over local files: tests/data/en_de_pairs.tsv through the inference job, and the
+EnDe task over `ende_data`'s splits.
 
-Needs the seqio extra (`pip install .[seqio]`; scripts/test.sh installs it). Without it the
-end-to-end test is skipped and the job's install hint is checked instead.
+Needs the seqio extra (`pip install .[seqio]`; scripts/test.sh installs it). seqio imports
+TensorFlow, which must not share a process with the rest of the suite's JAX: this module runs in
+its own interpreter, started by tests/test_seqio_process.py (`helpers.in_tensorflow_process`).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 import pytest
 
-from speculative import infer
-from speculative.errors import JobError
+from speculative import ende_data, infer
 from speculative.job_config import seqio_tasks_module
+from tests import helpers
+
+pytestmark = helpers.in_tensorflow_process()
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PREFIX = "translate English to German: "
@@ -55,13 +58,6 @@ def test_seqio_tsv_task_end_to_end(tmp_path, monkeypatch):
     )
 
 
-def test_task_name_without_seqio_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "seqio", None)  # makes `import seqio` fail, as when absent
-    monkeypatch.delitem(sys.modules, "speculative.seqio_tasks", raising=False)
-    with pytest.raises(JobError, match=r"needs the seqio extra.*pip install"):
-        seqio_tasks_module()
-
-
 def test_teacher_forced_alpha_over_an_infer_runs_outputs(tmp_path, monkeypatch):
     """scripts/teacher_forced_alpha.py on a real greedy run: aligned (the target's teacher-forced
     arg-max is its greedy output), alpha 1 for a draft equal to the target, below it otherwise."""
@@ -96,3 +92,26 @@ def test_teacher_forced_alpha_over_an_infer_runs_outputs(tmp_path, monkeypatch):
         assert result["target_argmax_reproduces"] == 1.0
     assert results["same"]["alpha"] == 1.0
     assert 0.0 <= results["other"]["alpha"] < 1.0
+
+
+def test_seqio_task_over_the_splits(tmp_path):
+    pytest.importorskip("seqio", reason="seqio extra not installed (pip install .[seqio])")
+    import seqio
+
+    pairs = [
+        tuple(line.split("\t"))
+        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
+    ]
+    counts = ende_data.write_splits(pairs, tmp_path)
+    model = ende_data.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)
+    name = seqio_tasks_module().add_ende_task(str(tmp_path), str(model), name="test_ende_mini")
+    task = seqio.get_mixture_or_task(name)
+    vocabulary = task.output_features["inputs"].vocabulary
+    for split in ende_data.SPLITS:
+        examples = list(task.get_dataset(None, split=split, shuffle=False).as_numpy_iterator())
+        assert len(examples) == counts[split]
+    heldout = list(task.get_dataset(None, split="heldout", shuffle=False).as_numpy_iterator())
+    assert len(heldout) == counts["validation"] + counts["test"]
+    first = examples[0]
+    assert vocabulary.decode(first["inputs"].tolist()).startswith("translate English to German: ")
+    assert first["inputs"][-1] == 1 and first["targets"][-1] == 1  # EOS appended
