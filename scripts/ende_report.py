@@ -33,6 +33,40 @@ PAPER = {
     ("large", 1): (3, 0.71, 1.4),
 }
 
+# Table 3's n-gram drafts, alpha only (the paper times no n-gram draft): (draft, T) -> alpha.
+PAPER_NGRAM_ALPHA = {
+    ("unigram", 0): 0.08,
+    ("unigram", 1): 0.07,
+    ("bigram", 0): 0.20,
+    ("bigram", 1): 0.19,
+}
+
+
+def paper_alpha(draft: str, temperature: float) -> float | None:
+    """The paper's Table 3 alpha for this draft and temperature (EnDe, T5-XXL), or None."""
+    key = (draft, int(temperature))
+    return PAPER[key][1] if key in PAPER else PAPER_NGRAM_ALPHA.get(key)
+
+
+def run_commits(runs: pathlib.Path) -> dict[str, Any]:
+    """The code every run ran: {"commits": {commit: [runs]}, "dirty": [runs from a modified tree],
+    "unknown": [runs without a commit]}, from each summary.json / benchmark.json's provenance (the
+    report's own git_commit is only the code that wrote it)."""
+    commits: dict[str, list[str]] = {}
+    dirty, unknown = [], []
+    for path in sorted([*runs.rglob("summary.json"), *runs.rglob("benchmark.json")]):
+        data = _json(path)
+        source = data.get("provenance") if isinstance(data, Mapping) else None
+        run = str(path.parent.relative_to(runs))
+        commit = source.get("git_commit") if isinstance(source, Mapping) else None
+        if commit is None:
+            unknown.append(run)
+            continue
+        commits.setdefault(commit, []).append(run)
+        if source.get("git_dirty"):
+            dirty.append(run)
+    return {"commits": commits, "dirty": dirty, "unknown": unknown}
+
 
 def _json(path: pathlib.Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
@@ -238,11 +272,11 @@ def markdown(report: Mapping[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in report["alpha"]:
-        paper = PAPER.get((r["draft"], r["temperature"]))
+        paper = paper_alpha(r["draft"], r["temperature"])
         lines.append(
             f"| {r['draft']} | {r['temperature']} | {r['alpha']:.3f} "
             f"| {_fmt(r.get('alpha_all_positions'))} | {r['tokens']} "
-            f"| {'' if paper is None else paper[1]} |"
+            f"| {'' if paper is None else paper} |"
         )
     lines += ["", "### Table 2: interleaved benchmark, batch 1 (γ = Thm 3.8's best)", ""]
     lines += [
@@ -278,7 +312,22 @@ def markdown(report: Mapping[str, Any]) -> str:
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             listed = ", ".join(f"{v:.2f}" for v in values)
             lines.append(f"- {kind}: {listed} (mean {statistics.mean(values):.2f} ± {spread:.2f})")
+    if "runs_code" in report:
+        lines += ["", code_line(report["runs_code"])]
     return "\n".join(lines) + "\n"
+
+
+def code_line(code: Mapping[str, Any]) -> str:
+    """One line on the code the runs ran (`run_commits`): one clean commit, or what differs."""
+    commits = sorted(code["commits"])
+    text = f"Runs from commit{'s' if len(commits) > 1 else ''} " + (
+        ", ".join(c[:12] for c in commits) or "(none recorded)"
+    )
+    if code["dirty"]:
+        text += f"; from a modified tree: {', '.join(code['dirty'])}"
+    if code["unknown"]:
+        text += f"; without a recorded commit: {', '.join(code['unknown'])}"
+    return text + ("." if len(commits) == 1 and not code["dirty"] else " (not one clean commit).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     times = _times(args.runs)
     report = {
         **provenance.git_state(),  # git_commit, git_dirty: the code that wrote the report
+        "runs_code": run_commits(args.runs),  # and the code each run ran
         "times_s": times,
         "models": models_table(args.runs, times),
         "alpha": alpha_table(args.runs),
@@ -312,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows_table(args.runs),
         "seed_bleu": seed_bleu(args.runs),
         "paper": {f"{d}_t{t}": v for (d, t), v in PAPER.items()},
+        "paper_ngram_alpha": {f"{d}_t{t}": a for (d, t), a in PAPER_NGRAM_ALPHA.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
