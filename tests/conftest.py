@@ -35,14 +35,21 @@ from speculative import decoding  # noqa: E402
 from speculative.drafts import ngram  # noqa: E402
 from tests import helpers  # noqa: E402
 
-# JAX's persistent compilation cache for the test processes, every program cached (xdist workers and
-# the 8-device subprocesses share it; a rerun finds most programs compiled: tests/test_gamma_policies.py
-# took 61 s cold, 16 s warm). Outside the repository (.venv/ is not tracked); JAX_COMPILATION_CACHE_DIR,
-# if set, wins, and an empty one turns it off. Jobs that set their own cache (COMPILATION_CACHE_DIR)
-# restore this one afterwards (job_spmd.compilation_cache).
+# JAX's persistent compilation cache for the test processes, every program cached: a rerun finds
+# most programs compiled (tests/test_gamma_policies.py took 61 s cold, 16 s warm). One directory per
+# xdist worker (PYTEST_XDIST_WORKER; the subprocesses a worker starts inherit it, and the worker
+# waits for them): two processes writing one cache raced (a reader saw a half-written entry), so
+# no two live processes share one. Outside the repository (.venv/ is not tracked);
+# JAX_COMPILATION_CACHE_DIR, if set, wins, and an empty one turns it off. Jobs that set their own
+# cache (COMPILATION_CACHE_DIR) restore this one afterwards (job_spmd.compilation_cache).
 _CACHE = os.environ.get(
     "JAX_COMPILATION_CACHE_DIR",
-    str(pathlib.Path(__file__).resolve().parents[1] / ".venv" / "jax_test_cache"),
+    str(
+        pathlib.Path(__file__).resolve().parents[1]
+        / ".venv"
+        / "jax_test_cache"
+        / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    ),
 )
 if _CACHE:
     jax.config.update("jax_compilation_cache_dir", _CACHE)
