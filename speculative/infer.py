@@ -23,6 +23,9 @@ Output, in OUTPUT_DIR:
   config.gin         the operative gin config.
   plan.json          with GAMMA = 'auto': the planner's choice (gamma, or null for plain decoding)
                      and what it measured; a resumed run reuses it instead of planning again.
+                     With TREE = 'auto' too: chains and token trees are scored, and the plan has
+                     the chosen tree (its parents, or null), every tree's prediction and the
+                     measured acceptance by depth and sibling rank.
   With PARTITIONER (a ('data', 'model') mesh) the weights are placed on their shards, T5X
   checkpoints read shard by shard, and each batch's rows split over 'data'; with DISTRIBUTED
   every host of a pod slice runs the job, feeds its rows, and process 0 alone writes the files.

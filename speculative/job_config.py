@@ -47,6 +47,10 @@ class InferConfig:
       verification: exact, never fewer tokens accepted; needs lenience 1).
     tree: None (a chain of gamma drafts), or a token tree proposed each round: widths per depth
       such as (4, 2, 2, 1, 1), or {'parents': (...)} (`decoding.tree`); gamma is then its depth.
+      'auto' (with gamma 'auto'): the planner chooses a chain, a tree of first children or plain
+      decoding from the sibling ranks accepted on a probe tree (4 per depth, depth
+      max(planner_gammas)) decoding batch 0 and the verify cost timed per node count
+      (`measure.tree_planner`; docs/design.md); planner_warmup_gamma is then unused.
     gamma: draft tokens per round (an int >= 1), or 'auto': `speculative.planner` picks gamma, or
       plain decoding, from alpha on a warm-up decode of batch 0 at planner_warmup_gamma and the
       step / verify costs measured at batch_size, scoring each of planner_gammas (ignored with

@@ -76,6 +76,9 @@ class DecodeConfig:
     tree: a `decoding.tree.TreeShape` to propose a token tree each round instead of a chain
       (`tree_verification.verify_tree` decides; exact, so lenience 1, a fixed gamma policy and
       the 'token' acceptance). gamma is then the tree's depth (set from it when left None).
+    count_ranks: with a tree, count which sibling rank the accepted path took at each depth
+      (`DecodeStats.accepted_rank`, the tree planner's positional acceptance); off by default,
+      and then nothing of it is in the compiled program.
     """
 
     max_decode_len: int
@@ -86,6 +89,7 @@ class DecodeConfig:
     gamma_policy: GammaPolicy = GammaPolicy()
     acceptance: str = "token"
     tree: TreeShape | None = None
+    count_ranks: bool = False
 
     def __post_init__(self):
         ids = self.stop_ids
@@ -104,6 +108,11 @@ class DecodeConfig:
         object.__setattr__(self, "max_decode_len", int(self.max_decode_len))
         if self.tree is not None:
             self._check_tree()
+        if self.count_ranks is not False and (self.count_ranks is not True or self.tree is None):
+            raise ValueError(
+                f"count_ranks counts a tree's sibling ranks: False, or True with a tree; got "
+                f"{self.count_ranks!r} with tree {self.tree!r}"
+            )
         if self.gamma is not None:
             if not _is_int(self.gamma) or self.gamma < 1:
                 raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")

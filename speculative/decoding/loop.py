@@ -315,7 +315,19 @@ def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draf
         verified_at=st.verified_at + verified,
         nan_logits=st.nan_logits | (active & _has_nan(target_logits)),
         nan_draft_logits=st.nan_draft_logits | (active & _has_nan(draft_logits)),
+        accepted_rank=_count_ranks(st.accepted_rank, active, v, config),
     )
+
+
+def _count_ranks(counts, active, v: _Verdict, config: DecodeConfig):
+    """[B, D, W] counts plus this round's accepted path's sibling rank at each depth it
+    reached (None stays None: only `DecodeConfig.count_ranks` asks for the counter)."""
+    if counts is None:
+        return None
+    path = v.kept[:, 1:]  # [B, D] node ids, 0 past the accepted length
+    rank = jnp.asarray(config.tree.ranks)[path]
+    hit = jax.nn.one_hot(rank, counts.shape[-1], dtype=jnp.int32)
+    return counts + hit * ((path > 0) & active[:, None])[..., None]
 
 
 def _next_budget(

@@ -32,6 +32,9 @@ class DecodeStats:
       accepted_at / verified_at: [B, G] how often draft position i was accepted / tested.
       nan_logits: bool, the target produced a NaN logit for this row while it was active.
       nan_draft_logits: bool, the draft did (its q would be NaN: the round's output garbage).
+      accepted_rank: [B, D, W] int32, rounds whose accepted path took sibling rank r at depth d
+        (a tree decode with `DecodeConfig.count_ranks`, the planner's probe); None otherwise, so
+        every other decode carries, compiles and returns what it did before.
     Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
     `stats["alpha"]`, as earlier releases returned a dict.
     """
@@ -46,9 +49,13 @@ class DecodeStats:
     verified_at: jax.Array
     nan_logits: jax.Array
     nan_draft_logits: jax.Array
+    accepted_rank: jax.Array | None = None
 
     @classmethod
-    def zeros(cls, batch_size: int, gamma: int) -> DecodeStats:
+    def zeros(
+        cls, batch_size: int, gamma: int, ranks: tuple[int, int] | None = None
+    ) -> DecodeStats:
+        """ranks: (D, W) to count the accepted sibling ranks (None: no counter)."""
         count = jnp.zeros((batch_size,), jnp.int32)
         return cls(
             target_calls=count,
@@ -61,6 +68,7 @@ class DecodeStats:
             verified_at=jnp.zeros((batch_size, gamma), jnp.int32),
             nan_logits=jnp.zeros((batch_size,), jnp.bool_),
             nan_draft_logits=jnp.zeros((batch_size,), jnp.bool_),
+            accepted_rank=None if ranks is None else jnp.zeros((batch_size, *ranks), jnp.int32),
         )
 
     @property
@@ -92,7 +100,9 @@ class DecodeStats:
 
     def names(self) -> tuple[str, ...]:
         """Field and derived names readable with `stats[name]`."""
-        fields = tuple(f.name for f in dataclasses.fields(self))
+        fields = tuple(
+            f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None
+        )
         return fields + ("verified", "alpha", "tokens_per_call")
 
     def keys(self) -> tuple[str, ...]:
@@ -196,8 +206,15 @@ def initial_loop_state(
         lengths=jnp.zeros((size,), jnp.int32),
         done=jnp.zeros((size,), jnp.bool_),
         budget=jnp.full((size,), initial_budget(config), jnp.int32),
-        stats=DecodeStats.zeros(size, config.gamma or 0),
+        stats=DecodeStats.zeros(size, config.gamma or 0, rank_counter(config)),
     )
+
+
+def rank_counter(config: DecodeConfig) -> tuple[int, int] | None:
+    """(D, W) of `DecodeStats.accepted_rank` when config.count_ranks asks for it, else None."""
+    if not config.count_ranks:
+        return None
+    return config.tree.depth, int(config.tree.children.shape[1])
 
 
 def initial_budget(config: DecodeConfig) -> int:

@@ -120,6 +120,16 @@ class TreeShape:
         first = {int(k[0]) for k in self.children if k[0] >= 0}
         return all(parent == 0 or parent in first for parent in self.parents)
 
+    @functools.cached_property
+    def ranks(self) -> np.ndarray:
+        """[N + 1] int32: each node's rank among its siblings (0 = first child; the root 0)."""
+        rank = np.zeros(self.size + 1, np.int32)
+        for row in self.children:
+            for r, node in enumerate(row):
+                if node > 0:
+                    rank[node] = r
+        return rank
+
     @property
     def widths(self) -> tuple[int, ...]:
         """Nodes per depth 1..D."""
@@ -226,10 +236,6 @@ def grow_first_child_tree(
 def by_node(tree: TreeShape, per_depth: jax.Array) -> jax.Array:
     """[D, B, W, ...] values by (depth - 1, sibling rank) of a first-child tree -> [B, N, ...] by
     node; W at least the widest depth."""
-    rank = np.zeros(tree.size, np.int32)
-    for row in tree.children:
-        for r, node in enumerate(row):
-            if node > 0:
-                rank[node - 1] = r
+    rank = tree.ranks[1:]
     depth = np.asarray(tree.depths[1:], np.int32) - 1
     return jnp.moveaxis(per_depth[depth, :, rank], 0, 1)

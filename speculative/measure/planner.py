@@ -21,14 +21,21 @@ from typing import Any
 import jax
 
 from speculative import decoding, metrics
+from speculative.decoding import tree as tree_shape
 from speculative.decoding.drafter import Drafter
 from speculative.measure import timing
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """gamma: the chosen γ, or None for plain decoding. predicted_speedup: the cost model's figure
-    for that choice (1.0 for plain). candidates: γ -> predicted speedup for every γ scored."""
+    """gamma: the chosen γ (a tree's depth), or None for plain decoding. predicted_speedup: the
+    cost model's figure for that choice (1.0 for plain). candidates: γ -> predicted speedup for
+    every chain scored.
+
+    Planned with trees (`measure.tree_planner`, TREE = 'auto'): tree is the chosen token tree's
+    parents (None: a chain, or plain decoding), tree_candidates maps every tree scored, by its
+    widths per depth, to its predicted speedup, and rank_acceptance[d - 1][r] is the measured
+    rate at which depth d's accepted node was sibling rank r. A chain plan leaves them empty."""
 
     gamma: int | None
     predicted_speedup: float
@@ -36,10 +43,14 @@ class Plan:
     target_step_s: float
     draft_step_s: float
     candidates: Mapping[int, float]
+    tree: tuple[int, ...] | None = None
+    tree_candidates: Mapping[tuple[int, ...], float] = dataclasses.field(default_factory=dict)
+    rank_acceptance: tuple[tuple[float, ...], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-able fields (summary.json's "planner"); gamma None means plain decoding."""
-        return {
+        """JSON-able fields (summary.json's "planner"); gamma None means plain decoding. A chain
+        plan has no tree fields (plan.json as it was before trees were planned)."""
+        fields = {
             "gamma": self.gamma,
             "predicted_speedup": self.predicted_speedup,
             "alpha": self.alpha,
@@ -47,6 +58,14 @@ class Plan:
             "draft_step_s": self.draft_step_s,
             "c": self.draft_step_s / self.target_step_s,
             "candidates": {str(g): s for g, s in sorted(self.candidates.items())},
+        }
+        if not self.tree_candidates:
+            return fields
+        return {
+            **fields,
+            "tree": None if self.tree is None else list(self.tree),
+            "tree_candidates": {widths_key(w): s for w, s in sorted(self.tree_candidates.items())},
+            "rank_acceptance": [list(row) for row in self.rank_acceptance],
         }
 
     @classmethod
@@ -74,6 +93,7 @@ class Plan:
             target_step_s=_number(data.get("target_step_s"), "'target_step_s'", 0.0, strict=True),
             draft_step_s=_number(data.get("draft_step_s"), "'draft_step_s'", 0.0),
             candidates=scored,
+            **_tree_fields(data, gamma),
         )
 
     def describe(self) -> str:
@@ -87,7 +107,62 @@ class Plan:
                 f"planner: plain decoding ({measured}; best speculative choice gamma {best[0]} "
                 f"predicted {best[1]:.2f}x)"
             )
+        if self.tree is not None:
+            tree = tree_shape.TreeShape(self.tree)
+            return (
+                f"planner: {tree.describe()}, depth {self.gamma}, predicted "
+                f"{self.predicted_speedup:.2f}x ({measured})"
+            )
         return f"planner: gamma {self.gamma}, predicted {self.predicted_speedup:.2f}x ({measured})"
+
+
+def widths_key(widths: Sequence[int]) -> str:
+    """A tree candidate's JSON key: its widths per depth, '4,2,1'."""
+    return ",".join(str(w) for w in widths)
+
+
+def _widths(key: Any) -> tuple[int, ...]:
+    """A tree candidate's widths read back from its key ('4,2,1': integers >= 1)."""
+    parts = key.split(",") if isinstance(key, str) else []
+    if not parts or not all(p.isdecimal() and int(p) >= 1 for p in parts):
+        raise ValueError(f"a tree candidate must be widths per depth such as '4,2,1', got {key!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _tree_fields(data: Mapping[str, Any], gamma: int | None) -> dict[str, Any]:
+    """The tree fields of a plan read back (none in a chain plan); ValueError naming the field."""
+    if "tree_candidates" not in data and data.get("tree") is None:
+        return {}
+    scored = data.get("tree_candidates")
+    if not isinstance(scored, Mapping) or not scored:
+        raise ValueError("'tree_candidates' must be a non-empty object {widths: predicted speedup}")
+    trees = {_widths(k): _number(v, f"tree_candidates[{k}]", 0.0) for k, v in scored.items()}
+    rows = data.get("rank_acceptance")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
+        raise ValueError("'rank_acceptance' must be a non-empty list of lists [depth][rank]")
+    rates = tuple(
+        tuple(_number(x, f"rank_acceptance[{d}]", 0.0, 1.0) for x in row)
+        for d, row in enumerate(rows)
+    )
+    tree = data.get("tree")
+    if tree is not None:
+        shape = _tree(tree)
+        if shape.widths not in trees or not shape.first_child_chain:
+            raise ValueError(f"'tree' {list(tree)} is not among the tree candidates")
+        if gamma != shape.depth:
+            raise ValueError(f"'gamma' {gamma} must be the tree's depth {shape.depth}")
+        tree = shape.parents
+    return {"tree": tree, "tree_candidates": trees, "rank_acceptance": rates}
+
+
+def _tree(value: Any) -> tree_shape.TreeShape:
+    """A chosen tree read back: its parents, a list of integers that make a `TreeShape`."""
+    if not isinstance(value, list) or any(isinstance(p, bool) for p in value):
+        raise ValueError(f"'tree' must be a list of parents or null, got {value!r}")
+    try:
+        return tree_shape.TreeShape(tuple(value))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"'tree' is not a token tree: {e}") from None
 
 
 def _gamma(value: Any, what: str) -> int:

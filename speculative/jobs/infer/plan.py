@@ -1,5 +1,6 @@
-"""GAMMA = 'auto': the planner's choice (`measure.planner.measure_and_plan` on the job's batch 0),
-made once per output directory and kept in plan.json for a resumed run."""
+"""GAMMA = 'auto': the planner's choice (`measure.planner.measure_and_plan` on the job's batch 0;
+with TREE = 'auto' `measure.tree_planner`'s, chains and trees), made once per output directory and
+kept in plan.json for a resumed run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from speculative import decoding
 from speculative.errors import JobError
 from speculative.jobs.infer.batches import JobBatch, invalid_batch, job_batches
 from speculative.jobs.infer.settings import Settings
-from speculative.measure import planner, runner
+from speculative.measure import planner, runner, tree_planner
 from speculative.storage import OutputDir
 
 PLAN = "plan.json"
@@ -71,16 +72,25 @@ def plan_gamma(
 ) -> planner.Plan:
     """`planner.measure_and_plan` with alpha from batch 0 decoded at planner_warmup_gamma (its rows
     are not kept: batch 0 is decoded again with the choice) and the costs timed on that batch.
+    With TREE = 'auto', `tree_planner.measure_and_plan`: batch 0 decoded with the probe tree.
 
     decoder_for: the job's decoder for a DecodeConfig; config: the job's, gamma unset."""
     planning = s.speculation.planning
-    warmup = planner.warmup_config(config, planning.warmup_gamma)
+    if planning.trees:
+        warmup = tree_planner.probe_config(config, max(planning.gammas))
+    else:
+        warmup = planner.warmup_config(config, planning.warmup_gamma)
     decoder = decoder_for(warmup)
     first = next(job_batches(s, ids, [0], decoder))
 
     def decode(_: decoding.DecodeConfig) -> decoding.DecodeOutput:
         return _decode_rows(decoder, first, nan_error)
 
+    if planning.trees:
+        return tree_planner.measure_and_plan(
+            decoder.target, decoder.target_params, decoder.draft, decoder.draft_params,
+            first.batch, config, decode, planning.gammas,
+        )  # fmt: skip
     return planner.measure_and_plan(
         decoder.target, decoder.target_params, decoder.draft, decoder.draft_params, first.batch,
         config, planning.gammas, planning.warmup_gamma, decode=decode,

@@ -143,6 +143,8 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     policy = s.get("gamma_policy") or {}
     if policy.get("kind", "fixed") != "fixed":
         mode += f" (at most; {policy['kind']} gamma policy)"
+    if s.get("tree"):
+        mode += f", token tree {s['tree']} (parents)"
     if s.get("planner"):
         p = s["planner"]
         mode += f", planned (alpha {p['alpha']:.3f}, predicted {p['predicted_speedup']:.2f}x)"
@@ -173,8 +175,9 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
             state = f", cache {warmth} ({cache['hits']} hits, {cache['misses']} misses)"
         print(f"  compiled {r['compile_batches']} program(s) in {r['compile_s']:.1f}s{state}")
     if "c" in s:
+        # a tree's estimate comes from its measured tau: there is no optimal chain gamma to name
+        best = f" (optimal gamma {s['optimal_gamma']})" if "optimal_gamma" in s else ""
         print(
-            f"  c {s['c']:.3f} -> Theorem 3.8 speedup estimate {s['predicted_speedup']:.2f}x "
-            f"(optimal gamma {s['optimal_gamma']})"
+            f"  c {s['c']:.3f} -> Theorem 3.8 speedup estimate {s['predicted_speedup']:.2f}x{best}"
         )
     print(f"  wrote {out_dir}/predictions.jsonl, summary.json, config.gin")

@@ -23,7 +23,7 @@ from speculative.job_io import ResultStore, open_result_store
 from speculative.jobs import common
 from speculative.jobs.infer import batches, decode, plan, rows, settings
 from speculative.jobs.infer.settings import Settings
-from speculative.measure import planner
+from speculative.measure import planner, tree_planner
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,11 @@ def decode_job(
     batches.check_context(decode.context_models(models), ids, s.inputs.max_decode_len)
     outcome = dataclasses.replace(outcome, padding=models.vocab_padding)
     if outcome.decoded.planned:
-        log.info(decode.memory_report(s, models, ids, max(s.speculation.planning.gammas)))
+        planning = s.speculation.planning
+        deepest = max(planning.gammas)
+        # the probe tree's block is the largest the planner decodes (TREE = 'auto')
+        block = deepest * tree_planner.PROBE_WIDTH if planning.trees else deepest
+        log.info(decode.memory_report(s, models, ids, block))
         chosen = plan.plan_gamma(
             s,
             functools.partial(models.decoder, partitioner=s.models.partitioner),

@@ -87,12 +87,24 @@ def check_gamma(cfg: InferConfig) -> None:
 
 
 def check_tree(cfg: InferConfig) -> None:
-    """Raises JobError for a TREE the job cannot use; says that the tree's depth is the gamma."""
+    """Raises JobError for a TREE the job cannot use; says that the tree's depth is the gamma.
+    TREE = 'auto' widens GAMMA = 'auto' to trees, so it needs GAMMA = 'auto'."""
+    if cfg.tree == "auto":
+        if cfg.gamma != "auto":
+            raise JobError(
+                f"TREE = 'auto' plans chains and trees with GAMMA = 'auto' (planner_gammas are "
+                f"the depths it scores); bind GAMMA = 'auto', got GAMMA {cfg.gamma!r}"
+            )
+        job_config.check_tree((1,), cfg.acceptance, cfg.lenience, cfg.gamma_policy)
+        return
     tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
     if tree is None:
         return
     if cfg.gamma == "auto":
-        raise JobError("GAMMA = 'auto' plans chains; bind an integer GAMMA (or none) with TREE")
+        raise JobError(
+            "GAMMA = 'auto' plans chains (with TREE = 'auto', chains and trees); bind an integer "
+            "GAMMA (or none) with a fixed TREE"
+        )
     if cfg.gamma != tree.depth:
         log.info(
             f"TREE: {tree.describe()} proposes up to {tree.depth} tokens a round (GAMMA unused)"
@@ -131,13 +143,18 @@ class Inputs(common.InputLengths):
 
 @dataclasses.dataclass(frozen=True)
 class Planning:
-    """GAMMA = 'auto': the gammas the planner scores and the gamma of its warm-up decode."""
+    """GAMMA = 'auto': the gammas the planner scores and the gamma of its warm-up decode. trees
+    (TREE = 'auto'): token trees are scored too, from a probe tree's warm-up decode instead
+    (`measure.tree_planner`; the gammas are then the depths scored)."""
 
     gammas: tuple[int, ...]
     warmup_gamma: int
+    trees: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"planner_gammas": list(self.gammas), "planner_warmup_gamma": self.warmup_gamma}
+        fields = {"planner_gammas": list(self.gammas), "planner_warmup_gamma": self.warmup_gamma}
+        # only when planning trees, so output dirs planned for chains keep resuming
+        return {**fields, "tree": "auto"} if self.trees else fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,11 +241,13 @@ class Settings:
         return None if self.speculation is None else self.speculation.tree
 
     def with_plan(self, plan: planner.Plan) -> Settings:
-        """The settings that decode: the planned gamma, or plain decoding (as SPECULATIVE = False)."""
+        """The settings that decode: the planned gamma, or tree (its depth the gamma), or plain
+        decoding (as SPECULATIVE = False)."""
         if plan.gamma is None:
             return dataclasses.replace(self, speculation=None)
+        tree = None if plan.tree is None else decoding.TreeShape(plan.tree)
         return dataclasses.replace(
-            self, speculation=dataclasses.replace(self.speculation, gamma=plan.gamma)
+            self, speculation=dataclasses.replace(self.speculation, gamma=plan.gamma, tree=tree)
         )
 
     def decode_config(self, vocabulary: vocab.Vocabulary) -> decoding.DecodeConfig:
@@ -253,8 +272,11 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
         return None
     planning = None
     if cfg.gamma == "auto":
-        planning = Planning(tuple(int(g) for g in cfg.planner_gammas), cfg.planner_warmup_gamma)
-    tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
+        gammas = tuple(int(g) for g in cfg.planner_gammas)
+        planning = Planning(gammas, cfg.planner_warmup_gamma, trees=cfg.tree == "auto")
+    tree = None
+    if cfg.tree != "auto":  # 'auto': None until planned
+        tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
     return Speculation(
         draft=cfg.draft,
         draft_vocabulary=cfg.draft_vocabulary,
