@@ -50,9 +50,8 @@ log = logging.getLogger(__name__)
 
 SPLITS = ende_clean.SPLITS
 TASK_PREFIX = "translate English to German: "
-Fetch = Callable[
-    [str, pathlib.Path], tuple[pathlib.Path, str]
-]  # (package, workdir) -> (root, version)
+# fetch(package, workdir) -> (the unpacked package's root, its version)
+Fetch = Callable[[str, pathlib.Path], tuple[pathlib.Path, str]]
 
 
 def write_splits(pairs: Sequence[Pair | tuple[str, str]], out: pathlib.Path) -> dict[str, int]:
