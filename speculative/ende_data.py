@@ -1,19 +1,25 @@
 """English->German sentence pairs for the EnDe reproduction in miniature, and their vocabulary.
 
-Source: the Debian package `trans-de-en` (the Ding project's German-English dictionary, GPL-2+),
-fetched with `apt-get download` and unpacked with `dpkg-deb`; nothing of it is committed beyond
-the 40-pair test sample. Its lines read `german :: english`, with parallel alternatives separated
-by `|` (and synonyms by `;`). Of every alternative we keep the pairs whose two sides are single
-full sentences, by the rules tests/data/README.md gives for the sample: capitalised, ending in a
-full stop, 25-80 characters on the German side, and free of the dictionary's markup
-(`/ ( ) { } [ ] ; |`) and abbreviations (`jd. etw. sb. sth.`). trans-de-en 1.9-6 yields 10,658.
+Sources (speculative/ende_sources.py; `--sources`, default all): the Debian packages of the Ding
+dictionary (`trans-de-en`, full-sentence entries only, GPL-2+), the LibreOffice help
+(`libreoffice-help-en-us` + `libreoffice-help-de`, MPL-2.0, aligned by page and paragraph id), the
+GIMP help (`gimp-help-en` + `gimp-help-de`, GFDL-1.2+, aligned by page and paragraph position) and
+LibreOffice's UI messages (`libreoffice-l10n-de`, MPL-2.0, the entries that are sentences). They
+are fetched with `apt-get download` and unpacked with `dpkg-deb` at run time, into a temporary
+directory that goes when the build ends; nothing of them is committed. `--sources trans-de-en`
+rebuilds the dictionary-only corpus of before byte for byte.
 
-Splits are a pure function of the English sentence (a hash: 90% train, 5% validation, 5% test), so
-they do not depend on file order or version. Each split is written twice: `{split}.tsv`
-(english<TAB>german, what the trainer and the seqio Task read) and `{split}.jsonl` ({"inputs":
-T5's prefix + english, "targets": german}, what the benchmark job and fit_ngram read). The
-SentencePiece vocabulary is trained on the training split alone, T5-style: pad 0, EOS 1, unk 2,
-no BOS.
+Cleaning (speculative/ende_clean.py): long paragraphs cut into sentences where both sides agree,
+untranslated, too short, too long and badly proportioned pairs dropped (the dictionary keeps its
+own rules), every English sentence kept once, at its first occurrence (sources in the order
+above). Splits are a function of a pair's document (a hash: 90% train, 5% validation, 5% test), so
+a help page never sits in two splits; a dictionary sentence is its own document, as before.
+
+Each split is written twice: `{split}.tsv` (english<TAB>german, what the trainer and the seqio Task
+read) and `{split}.jsonl` ({"inputs": T5's prefix + english, "targets": german}, what the benchmark
+job and fit_ngram read). `corpus.json` records per source its packages' versions, license, pairs
+and words per split and what each filter dropped. The SentencePiece vocabulary is trained on the
+training split alone, T5-style: pad 0, EOS 1, unk 2, no BOS (`--vocab_size 0`: none).
 
     python -m speculative.ende_data --out data/ende --vocab_size 4000
 
@@ -27,69 +33,73 @@ inputs, from `speculative.infer` runs over the Task's train split, as a training
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 
-from speculative import gin_flags, job_io, logs
+from speculative import ende_clean, gin_flags, job_io, logs
+from speculative.ende_sources import DICTIONARY, SOURCES, Pair
 from speculative.errors import JobError
 
 log = logging.getLogger(__name__)
 
-MARKUP = re.compile(r"[/(){}\[\];|]|\b(jd|etw|sb|sth)\.")
-SPLITS = ("train", "validation", "test")
+SPLITS = ende_clean.SPLITS
 TASK_PREFIX = "translate English to German: "
+# fetch(package, workdir) -> (the unpacked package's root, its version)
+Fetch = Callable[[str, pathlib.Path], tuple[pathlib.Path, str]]
 
 
-def is_sentence(text: str) -> bool:
-    return bool(text) and text[0].isupper() and text.endswith(".") and not MARKUP.search(text)
-
-
-def sentence_pairs(lines: Iterable[str]) -> list[tuple[str, str]]:
-    """(english, german) of every dictionary line whose sides are single full sentences."""
-    pairs = []
-    for line in lines:
-        if line.startswith("#") or " :: " not in line:
-            continue
-        german, english = line.rstrip("\n").split(" :: ", 1)
-        # A line holds parallel alternatives separated by "|" (e.g. singular | plural).
-        for de, en in zip(german.split("|"), english.split("|")):
-            de, en = de.strip(), en.strip()
-            if 25 <= len(de) <= 80 and is_sentence(de) and is_sentence(en):
-                pairs.append((en, de))
-    return pairs
-
-
-def split_of(english: str) -> str:
-    """'train' (90%), 'validation' (5%) or 'test' (5%), by a hash of the English side."""
-    bucket = int(hashlib.sha256(english.encode("utf-8")).hexdigest(), 16) % 100
-    return "train" if bucket < 90 else "validation" if bucket < 95 else "test"
-
-
-def write_splits(pairs: Sequence[tuple[str, str]], out: pathlib.Path) -> dict[str, int]:
-    """out/{train,validation,test}.tsv (english<TAB>german, deduplicated on the English side)."""
+def write_splits(pairs: Sequence[Pair | tuple[str, str]], out: pathlib.Path) -> dict[str, int]:
+    """out/{train,validation,test}.tsv (english<TAB>german) and .jsonl, each pair in its
+    document's split, each English sentence once (its first pair). A bare (english, german) is
+    its own document, as a dictionary sentence is."""
     out.mkdir(parents=True, exist_ok=True)
+    pairs = [p if isinstance(p, Pair) else Pair(p[0], p[1], p[0]) for p in pairs]
+    rows = ende_clean.by_split(ende_clean.dedup(pairs, set())[0])
+    for split, split_pairs in rows.items():
+        lines = "".join(f"{p.english}\t{p.german}\n" for p in split_pairs)
+        job_io.write_text_atomic(out / f"{split}.tsv", lines)
+        records = [
+            json.dumps({"inputs": TASK_PREFIX + p.english, "targets": p.german}, ensure_ascii=False)
+            for p in split_pairs
+        ]
+        job_io.write_text_atomic(out / f"{split}.jsonl", "".join(r + "\n" for r in records))
+    return {split: len(split_pairs) for split, split_pairs in rows.items()}
+
+
+def collect(names: Sequence[str], fetch: Fetch, workdir: pathlib.Path) -> tuple[list[Pair], dict]:
+    """The cleaned pairs of the named sources, in SOURCES order, and corpus.json's entry per
+    source. fetch(package, workdir) -> (unpacked root, version); a failure is its JobError."""
     seen: set[str] = set()
-    rows: dict[str, list[str]] = {split: [] for split in SPLITS}
-    for english, german in pairs:
-        if english not in seen:
-            seen.add(english)
-            rows[split_of(english)].append(f"{english}\t{german}\n")
-    for split, lines in rows.items():
-        job_io.write_text_atomic(out / f"{split}.tsv", "".join(lines))
-        records = []
-        for line in lines:
-            english, german = line.rstrip("\n").split("\t")
-            record = {"inputs": TASK_PREFIX + english, "targets": german}
-            records.append(json.dumps(record, ensure_ascii=False) + "\n")
-        job_io.write_text_atomic(out / f"{split}.jsonl", "".join(records))
-    return {split: len(lines) for split, lines in rows.items()}
+    kept_all: list[Pair] = []
+    manifest = {}
+    for name in [name for name in SOURCES if name in names]:
+        source = SOURCES[name]
+        roots, versions = {}, {}
+        for package in source.packages:
+            roots[package], versions[package] = fetch(package, workdir)
+        extracted = source.read(roots)
+        if source.own_rules:
+            kept, duplicates = ende_clean.dedup(extracted, seen)
+            dropped = {"duplicate": duplicates} if duplicates else {}
+        else:
+            kept, dropped = ende_clean.clean(extracted, seen)
+        manifest[name] = {
+            "packages": versions,
+            "license": source.license,
+            "aligned_by": source.aligned_by,
+            "extracted_pairs": len(extracted),
+            "dropped": dict(sorted(dropped.items())),
+            **ende_clean.counts(ende_clean.by_split(kept)),
+        }
+        kept_all += kept
+        log.info(f"{name}: {len(extracted)} pairs extracted, {len(kept)} kept")
+    return kept_all, manifest
 
 
 def distillation_pairs(prediction_dirs: Sequence[pathlib.Path]) -> list[tuple[str, str]]:
@@ -165,42 +175,60 @@ def train_sentencepiece(
     return prefix.with_suffix(".model")
 
 
-def fetch_dictionary(workdir: pathlib.Path) -> pathlib.Path:
-    """Downloads and unpacks the Debian package; returns the path of its de-en dictionary.
-    Raises JobError when the system's package tools are missing or fail."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    _system(["apt-get", "download", "trans-de-en"], workdir)
-    debs = sorted(workdir.glob("trans-de-en_*.deb"))
-    if not debs:
-        raise JobError(
-            f"apt-get download left no trans-de-en_*.deb in {workdir}", role="dictionary"
-        )
-    _system(["dpkg-deb", "-x", str(debs[-1]), str(workdir / "root")], workdir)
-    return workdir / "root/usr/share/trans/de-en"
+def fetch_package(package: str, workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """Downloads and unpacks a Debian package into workdir/package; returns (that root, the
+    package's version). Raises JobError naming the package when the system's package tools are
+    missing or fail."""
+    debs = workdir / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    _system(["apt-get", "download", package], debs, package)
+    found = sorted(debs.glob(f"{package}_*.deb"))
+    if not found:
+        raise JobError(f"apt-get download left no {package}_*.deb", role="package", path=package)
+    _system(["dpkg-deb", "-x", str(found[-1]), str(workdir / package)], workdir, package)
+    return workdir / package, urllib.parse.unquote(found[-1].name.split("_")[1])
 
 
-def _system(command: list[str], cwd: pathlib.Path) -> None:
+def given_dictionary(path: pathlib.Path, fetch: Fetch) -> Fetch:
+    """fetch, except that trans-de-en is the given unpacked de-en file (`--dictionary`)."""
+
+    def fetch_or_given(package: str, workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
+        if package != "trans-de-en":
+            return fetch(package, workdir)
+        if not path.is_file():
+            raise JobError("cannot read it: no such file", role="dictionary", path=path)
+        root = workdir / "given-trans-de-en"
+        (root / DICTIONARY).parent.mkdir(parents=True, exist_ok=True)
+        (root / DICTIONARY).symlink_to(path.resolve())
+        return root, f"given: {path}"
+
+    return fetch_or_given
+
+
+def _system(command: list[str], cwd: pathlib.Path, package: str) -> None:
     """Runs one of the system's package tools; a missing or failing one is a JobError."""
     try:
-        subprocess.run(command, cwd=cwd, check=True)
+        subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
     except FileNotFoundError:
         raise JobError(
-            f"{command[0]} is not installed: the corpus comes from the Debian package "
-            "trans-de-en; elsewhere pass --dictionary=<its unpacked de-en file>",
-            role="dictionary",
+            f"{command[0]} is not installed: the corpus comes from Debian packages; elsewhere "
+            "pass --sources=trans-de-en --dictionary=<the unpacked de-en file of trans-de-en>",
+            role="package",
+            path=package,
         ) from None
     except subprocess.CalledProcessError as e:
         raise JobError(
-            f"{' '.join(command)} failed (exit {e.returncode})", role="dictionary"
+            f"{' '.join(command)} failed (exit {e.returncode})", role="package", path=package
         ) from None
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+def main(argv: Sequence[str] | None = None, fetch: Fetch = fetch_package) -> dict[str, int]:
     """The command; a problem the user can fix is a JobError (one line, exit 2, under run_job)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data/ende")
+    parser.add_argument("--sources", default="all", help=f"all, or some of {','.join(SOURCES)}")
     parser.add_argument("--dictionary", help="an unpacked de-en file (default: download it)")
-    parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--vocab_size", type=int, default=4000, help="0: no vocabulary")
     parser.add_argument("--labels_from", nargs="+", type=pathlib.Path, help="infer OUTPUT_DIRs")
     parser.add_argument("--labels_out", type=pathlib.Path, help="the distillation TSV to write")
     parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
@@ -214,20 +242,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
         job_io.write_text_atomic(args.labels_out, lines)
         log.info(f"{len(pairs)} distillation pairs in {args.labels_out}")
         return {"distill": len(pairs)}
-    # Every run rebuilds the whole directory from its source (nothing resumes, so nothing of two
+    names = list(SOURCES) if args.sources == "all" else args.sources.split(",")
+    unknown = sorted(set(names) - set(SOURCES))
+    if unknown:
+        parser.error(f"--sources: unknown {', '.join(unknown)}; known: {', '.join(SOURCES)}")
+    if args.dictionary:
+        fetch = given_dictionary(pathlib.Path(args.dictionary), fetch)
+    # Every run rebuilds the whole directory from its sources (nothing resumes, so nothing of two
     # configurations can mix); the lock keeps a second process from writing it at the same time.
+    # Every package is fetched and read before the first file is written.
     with job_io.lock_output_dir(args.out) as out:
-        source = (
-            pathlib.Path(args.dictionary) if args.dictionary else fetch_dictionary(out / "download")
-        )
-        try:
-            with open(source, encoding="utf-8") as f:
-                pairs = sentence_pairs(f)
-        except (OSError, UnicodeDecodeError) as e:
-            raise JobError(f"cannot read it: {e}", role="dictionary", path=source) from None
+        with tempfile.TemporaryDirectory(dir=out, prefix=".packages-") as workdir:
+            pairs, manifest = collect(names, fetch, pathlib.Path(workdir))
         counts = write_splits(pairs, out)
-        model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
-    log.info(f"{counts} pairs in {out}; vocabulary {model}")
+        corpus = {"splits": counts, "filters": ende_clean.FILTERS, "sources": manifest}
+        if args.vocab_size:
+            model = train_sentencepiece(out / "train.tsv", out / "spm", args.vocab_size)
+            corpus["vocabulary"] = {"model": model.name, "vocab_size": args.vocab_size}
+        job_io.write_text_atomic(out / "corpus.json", json.dumps(corpus, indent=1) + "\n")
+    log.info(f"{counts} pairs in {out}")
     return counts
 
 

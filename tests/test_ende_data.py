@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from speculative import ende_data, gin_flags
+from speculative import ende_clean, ende_data, ende_sources, gin_flags
 from speculative.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,17 +22,21 @@ LINES = [
 
 
 def test_only_full_sentence_pairs_survive_and_alternatives_pair_up():
-    assert ende_data.sentence_pairs(LINES) == [
+    assert [p[:2] for p in ende_sources.dictionary_pairs(LINES)] == [
         ("This is a perfectly normal sentence.", "Das ist ein ganz normaler Satz hier."),
         ("We bought the house yesterday.", "Wir haben das Haus gestern gekauft."),
     ]
+    # Each sentence is its own document: the split stays a hash of the English sentence.
+    assert all(p.document == p.english for p in ende_sources.dictionary_pairs(LINES))
+
+
+def _sample() -> list[ende_sources.Pair]:
+    lines = (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
+    return [ende_sources.Pair(*line.split("\t"), line.split("\t")[0]) for line in lines]
 
 
 def test_splits_are_a_function_of_the_sentence(tmp_path):
-    pairs = [
-        tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
-    ]
+    pairs = _sample()
     counts = ende_data.write_splits(pairs + pairs[:5], tmp_path)  # duplicates are dropped
     assert sum(counts.values()) == len(pairs) and counts["train"] > 30
     reversed_dir = tmp_path / "reversed"
@@ -41,15 +45,11 @@ def test_splits_are_a_function_of_the_sentence(tmp_path):
         a = set((tmp_path / f"{split}.tsv").read_text().splitlines())
         b = set((reversed_dir / f"{split}.tsv").read_text().splitlines())
         assert a == b
-    assert {ende_data.split_of(p[0]) for p in pairs} <= set(ende_data.SPLITS)
+    assert {ende_clean.split_of(p[0]) for p in pairs} <= set(ende_data.SPLITS)
 
 
 def test_jsonl_splits_hold_the_prefixed_inputs_of_the_tsv(tmp_path):
-    pairs = [
-        tuple(line.split("\t"))
-        for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
-    ]
-    ende_data.write_splits(pairs, tmp_path)
+    ende_data.write_splits(_sample(), tmp_path)
     for split in ende_data.SPLITS:
         tsv = [line.split("\t") for line in (tmp_path / f"{split}.tsv").read_text().splitlines()]
         rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
@@ -117,10 +117,13 @@ def test_labels_that_would_be_wrong_are_one_line_errors(tmp_path, rows, finished
 
 def test_missing_package_tools_are_one_line_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get here
-    with pytest.raises(JobError, match="apt-get is not installed: .* pass --dictionary="):
-        ende_data.fetch_dictionary(tmp_path / "download")
+    with pytest.raises(
+        JobError, match="^package trans-de-en: apt-get is not installed: .* --dictionary="
+    ):
+        ende_data.fetch_package("trans-de-en", tmp_path / "download")
     with pytest.raises(JobError, match="^dictionary .*nope.tsv: cannot read it"):
-        ende_data.main(["--dictionary", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "o")])
+        ende_data.main(["--dictionary", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "o"),
+                        "--sources", "trans-de-en"])  # fmt: skip
 
 
 def test_sentencepiece_is_t5_style(tmp_path):

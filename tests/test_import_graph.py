@@ -224,6 +224,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags", "summaries",
                      "benchmark_report", "storage", "store_lock", "chunk_store")),
     ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
+              "ende_sources", "ende_clean",
               "memory", "pipeline")),
 )  # fmt: skip
 
