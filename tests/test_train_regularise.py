@@ -162,10 +162,13 @@ def _run(out, steps):
     return train.main([*QUICK, f"--gin.OUTPUT_DIR='{out}'", f"--gin.STEPS={steps}"])
 
 
-def test_a_regularised_run_stopped_twice_matches_an_uninterrupted_one(tmp_path):
+def test_a_stopped_regularised_run_matches_an_uninterrupted_one(tmp_path):
     whole = _run(tmp_path / "whole", 12)
-    for steps in (4, 8, 12):  # stopped after each checkpoint, started again
-        parts = _run(tmp_path / "parts", steps)
+    _run(tmp_path / "parts", 4)
+    # stopped after checkpoint 8 was written but before it was recorded as the best (if it was)
+    _run(tmp_path / "parts", 8)
+    (tmp_path / "parts" / retention.BEST).unlink()
+    parts = _run(tmp_path / "parts", 12)
     a, b = tmp_path / "whole", tmp_path / "parts"
     config = t5.T5Config(384, 32, 4, 1, 1, 16, 64, ("gelu", "linear"))  # ende_tiny, QUICK's sizes
     x, y = (checkpoints.load_t5x(str(d / "checkpoint_12"), config) for d in (a, b))
@@ -181,7 +184,7 @@ def test_a_regularised_run_stopped_twice_matches_an_uninterrupted_one(tmp_path):
         assert (summary["best_step"], summary["best_validation_loss"]) == (best, valid[best])
 
 
-def test_the_fingerrecordedrefuses_a_changed_regularisation_but_not_more_steps(tmp_path):
+def test_the_fingerprint_refuses_a_changed_regularisation_but_not_more_steps(tmp_path):
     model = t5.T5(helpers.tiny_t5_config(384))
     base = train.TrainConfig(model=model, vocabulary=None, train_file=DATA, output_dir="/unused")
     recorded = guards.fingerprint(base)
