@@ -6,15 +6,19 @@ a batch, padded to a power of two so few shapes compile). Checkpoints are T5X ch
 (`checkpoints.t5x_write.save_t5x`, read back by `checkpoints.load_t5x`) carrying the optax state,
 written every `checkpoint_every` steps and at the end; a killed run resumes from the latest one
 and continues exactly as an uninterrupted run would (the batch order is a function of seed and
-step). Writes OUTPUT_DIR/metrics.jsonl (loss, validation loss), OUTPUT_DIR/loss.png,
+step, dropout's rng a function of seed and step). Writes OUTPUT_DIR/metrics.jsonl (loss,
+validation loss), OUTPUT_DIR/best_checkpoint.json (the step and validation loss of the best
+checkpoint, which is never pruned; `jobs.train.retention`), OUTPUT_DIR/loss.png,
 OUTPUT_DIR/tensorboard/ (loss, validation loss, learning rate and seconds per step at every logged
 step; `speculative.summaries`) and OUTPUT_DIR/summary.json (the final metrics and the run's
 provenance: code commit, dirty tree, gin config).
 
     python -m speculative.train --gin_file=configs/train/ende_tiny.gin --gin.OUTPUT_DIR="'/tmp/t'"
 
-Optimizer: Adafactor (T5X's default; optax.adafactor with its defaults and a constant learning
-rate after a linear warm-up) or AdamW.
+Optimizer: Adafactor (T5X's default; optax.adafactor with its defaults) or AdamW, at a constant
+learning rate after a linear warm-up or T5X's inverse square root (`jobs.train.objective`).
+Regularisation, T5X's names: `t5.T5Config.dropout_rate`, `TrainConfig.label_smoothing` and
+`TrainConfig.z_loss` (all 0 by default: configs/train/ende_target_regularised.gin binds them).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from speculative import vocab as vocab_lib
 from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
 from speculative.jobs import common
-from speculative.jobs.train import guards, resume
+from speculative.jobs.train import guards, objective, resume, retention
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,13 @@ class TrainConfig:
       per target token, teacher-forced on the references. For sequence-level distillation,
       train on the teacher's own translations instead (decode the training inputs with
       `speculative.infer` and write them as a TSV).
+    schedule: "constant" (linear warm-up to learning_rate, then constant) or "rsqrt" (T5X's
+      "constant * rsqrt_decay": learning_rate / sqrt(max(step, warmup_steps))).
+    label_smoothing, z_loss: T5X's loss terms (`jobs.train.objective`; T5X's z_loss default is
+      1e-4, ours 0.0 so existing runs train as before). The validation loss is always the plain
+      cross-entropy of the deterministic model, comparable across these settings.
+    keep_checkpoints: keep only the newest K checkpoints plus the best by validation loss
+      (None: keep every checkpoint).
     """
 
     model: Any = gin.REQUIRED
@@ -85,6 +96,10 @@ class TrainConfig:
     teacher: Any = None
     teacher_checkpoint: str | None = None
     distill_weight: float = 1.0
+    schedule: str = "constant"
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    keep_checkpoints: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,12 +189,17 @@ def loss_fn(
     batch: dict[str, jnp.ndarray],
     teacher_logits: jnp.ndarray | None = None,
     distill_weight: float = 0.0,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    dropout_rng: jax.Array | None = None,
 ) -> jnp.ndarray:
-    """Mean per-token loss over non-pad target tokens (float32): cross-entropy on the references,
-    mixed with KL(teacher || student) when teacher_logits [B, T, V] are given."""
-    logits = model.forward(params, batch["inputs"], batch["decoder_inputs"])
+    """Mean per-token loss over non-pad target tokens (float32): cross-entropy on the references
+    (label-smoothed, plus z-loss: `objective.token_losses`), mixed with KL(teacher || student)
+    when teacher_logits [B, T, V] are given. dropout_rng: a training pass with dropout."""
+    args = (params, batch["inputs"], batch["decoder_inputs"])
+    logits = model.forward(*args) if dropout_rng is None else model.forward(*args, dropout_rng)
     mask = (batch["targets"] != PAD).astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    losses = objective.token_losses(logits, batch["targets"], label_smoothing, z_loss)
     if teacher_logits is not None:
         kl = token_kl(teacher_logits, logits)
         losses = (1.0 - distill_weight) * losses + distill_weight * kl
@@ -195,15 +215,18 @@ def token_kl(teacher_logits: jnp.ndarray, student_logits: jnp.ndarray) -> jnp.nd
     return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
 
 
-def learning_rate_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
-    """A linear warm-up from 0 to `learning_rate`, then constant."""
-    return optax.linear_schedule(0.0, learning_rate, max(1, warmup_steps))
+def learning_rate_schedule(
+    learning_rate: float, warmup_steps: int, schedule: str = "constant"
+) -> optax.Schedule:
+    """`objective.learning_rate_schedule`: "constant" (a linear warm-up from 0 to
+    `learning_rate`, then constant) or "rsqrt" (T5X's inverse square root)."""
+    return objective.learning_rate_schedule(learning_rate, warmup_steps, schedule)
 
 
 def make_optimizer(
-    name: str, learning_rate: float, warmup_steps: int
+    name: str, learning_rate: float, warmup_steps: int, schedule_name: str = "constant"
 ) -> optax.GradientTransformation:
-    schedule = learning_rate_schedule(learning_rate, warmup_steps)
+    schedule = learning_rate_schedule(learning_rate, warmup_steps, schedule_name)
     if name == "adafactor":
         return optax.adafactor(learning_rate=schedule)
     if name == "adamw":
@@ -216,20 +239,26 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     teacher: Any = None,
     distill_weight: float = 0.0,
+    cfg: TrainConfig | None = None,
 ):
     """A jitted (params, opt_state, batch, teacher_params, health, step) -> (params, opt_state,
     loss, gradient norm, health): health is `guards.Health`'s first non-finite step, updated on
-    the device (no host sync per step)."""
+    the device (no host sync per step). cfg: label smoothing, z-loss and the seed of dropout's
+    rng, fold_in(PRNGKey(seed), step) (a resumed run drops what an uninterrupted one did)."""
+    smoothing, z_loss = (0.0, 0.0) if cfg is None else (cfg.label_smoothing, cfg.z_loss)
+    dropout = cfg is not None and getattr(model.config, "dropout_rate", 0.0) > 0.0
+    seed = 0 if cfg is None else cfg.seed
 
     @jax.jit
     def step(params, opt_state, batch, teacher_params, health, number):
+        rng = jax.random.fold_in(jax.random.PRNGKey(seed), number) if dropout else None
         teacher_logits = None
         if teacher is not None:
             teacher_logits = jax.lax.stop_gradient(
                 teacher.forward(teacher_params, batch["inputs"], batch["decoder_inputs"])
             )
         loss, grads = jax.value_and_grad(loss_fn)(
-            params, model, batch, teacher_logits, distill_weight
+            params, model, batch, teacher_logits, distill_weight, smoothing, z_loss, rng
         )
         grad_norm = optax.tree.norm(grads)
         health = guards.Health.update(health, number, loss, grad_norm)
@@ -263,16 +292,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         return _train_locked(cfg, out)
 
 
-def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
+def _datasets(cfg: TrainConfig) -> tuple[Examples, Examples | None]:
+    """The encoded training and validation (None without a validation file) examples."""
     vocabulary = model_loading.load_vocabulary(cfg.vocabulary)
-    model = cfg.model
-    guards.check_vocabulary(vocabulary, model_loading.where(cfg.vocabulary), model, cfg.teacher)
+    where = model_loading.where(cfg.vocabulary)
+    guards.check_vocabulary(vocabulary, where, cfg.model, cfg.teacher)
     train_set = encode(read_pairs(cfg.train_file), vocabulary, cfg.prefix, cfg.feature_lengths)
     valid_set = None
     if cfg.validation_file:
         pairs = read_pairs(cfg.validation_file)
         valid_set = encode(pairs, vocabulary, cfg.prefix, cfg.feature_lengths)
-    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.warmup_steps)
+    return train_set, valid_set
+
+
+def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
+    model = cfg.model
+    train_set, valid_set = _datasets(cfg)
+    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.warmup_steps, cfg.schedule)
     params = model.init_params(jax.random.PRNGKey(cfg.seed))
     start, params, opt_state = resume.restore(
         out, cfg.steps, model.config, params, optimizer.init(params)
@@ -282,8 +318,9 @@ def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
         teacher_params = model_loading.load_model(
             model_loading.ModelSpec("t5x", cfg.teacher_checkpoint, cfg.teacher), "teacher"
         ).params
-    train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight)
+    train_step = make_train_step(model, optimizer, cfg.teacher, cfg.distill_weight, cfg)
     earlier = job_io.keep_records_up_to(out / "metrics.jsonl", start)
+    best = retention.reconcile(out, earlier)  # a run stopped before recording its best
     wall_before = earlier[-1].get("wall_s", 0.0) if earlier else 0.0  # of the killed run(s)
     started = time.perf_counter()
     timer, bar = summaries.StepTimer(start), _progress(cfg, start)
@@ -305,7 +342,9 @@ def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
                 guards.Health.check(health, saved)  # the only host sync: every 10 steps
                 loss = float(loss_value)
                 record.update(loss=loss, grad_norm=float(grad_norm))
-            if valid_set is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            checkpoint = done % cfg.checkpoint_every == 0 or done == cfg.steps
+            # every checkpoint is evaluated (logged before it is saved), so the best can be kept
+            if valid_set is not None and (checkpoint or done % cfg.eval_every == 0):
                 record["validation_loss"] = validation_loss(
                     params, model, valid_set, cfg.batch_size
                 )
@@ -314,10 +353,11 @@ def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
                 log_file.write(json.dumps(record) + "\n")
                 log_file.flush()
                 tensorboard.write(done, _scalars(cfg, record, timer.per_step(done)))
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            if checkpoint:
                 guards.Health.check(health, saved)  # never save a state past a non-finite step
                 t5x_write.save_t5x(out, params, done, opt_state)
                 saved = done
+                best = retention.after_save(out, record, best, cfg.keep_checkpoints)
                 tensorboard.flush()
             if bar is not None:
                 bar.update(1)
@@ -328,7 +368,7 @@ def _train_locked(cfg: TrainConfig, out: pathlib.Path) -> dict[str, Any]:
 def _scalars(cfg: TrainConfig, record: dict[str, Any], step_s: float) -> dict[str, Any]:
     """TensorBoard's train/ scalars of a metrics.jsonl record (loss and validation loss when it
     has them), the learning rate of its last step and the seconds per step since the last record."""
-    schedule = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps)
+    schedule = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.schedule)
     return {
         "train/loss": record.get("loss"),
         "train/validation_loss": record.get("validation_loss"),
@@ -349,6 +389,9 @@ def _finish(cfg: TrainConfig, out: pathlib.Path, params: Any, loss: float) -> di
     valid = [h["validation_loss"] for h in history if "validation_loss" in h]
     if valid:
         final["validation_loss"] = valid[-1]
+    best = retention.read_best(out)
+    if best is not None:
+        final["best_step"], final["best_validation_loss"] = best["step"], best["validation_loss"]
     final["parameters"] = int(sum(x.size for x in jax.tree.leaves(params)))
     final["provenance"] = provenance.record(gin.operative_config_str())
     job_io.write_text_atomic(out / "summary.json", json.dumps(final, indent=1))

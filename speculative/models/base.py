@@ -20,6 +20,7 @@ hidden by the causal mask and overwritten by the next write (docs/design.md §2)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import flax
@@ -346,6 +347,7 @@ def attend(
     mask: jax.Array,
     bias: jax.Array | None = None,
     scale: float = 1.0,
+    drop_weights: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Grouped-query dot-product attention with softmax in float32.
 
@@ -360,6 +362,8 @@ def attend(
       mask: boolean, broadcastable to [B, H, L, S]; False positions are excluded.
       bias: optional additive bias broadcastable to [B, H, L, S] (T5 relative positions).
       scale: multiplier on query.key (1/sqrt(D) for LLaMA; 1 for T5, folded into the query kernel).
+      drop_weights: training only (T5's attention dropout): maps the weights [B, H, L, S] to
+        their dropped-out values; None (every decoding path) leaves them untouched.
     Returns:
       [B, L, H, D] in the query dtype.
     """
@@ -375,6 +379,8 @@ def attend(
         scores = scores + bias.astype(jnp.float32)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+    if drop_weights is not None:
+        weights = drop_weights(weights)
     weights = weights.reshape(batch, kv_heads, groups * length, key_len)
     out = jnp.einsum("bkqs,bksd->bkqd", weights, value)
     out = out.reshape(batch, kv_heads, groups, length, head_dim).transpose(0, 3, 1, 2, 4)

@@ -33,6 +33,13 @@ D = head_dim, M = mlp_dim, V = vocab_size, R = num_buckets):
 Decoding (docs/design.md §2): `init_state` encodes once and stores the encoder padding mask and every
 decoder layer's cross-attention keys/values in `DecodeState.extras`; `extend` appends L decoder tokens
 at each row's own cache index. T5X's cache is single-token with a scalar index; ours is neither.
+
+Dropout (training only, `T5Config.dropout_rate`, where T5X's network applies it): after the
+embeddings, on the attention weights, after each attention and MLP block before its residual add,
+inside the MLP after the activations, and after the final layer norm of each stack; every mask
+but the attention weights' and the encoder output's is shared along the sequence. Only
+`T5.forward` with a dropout rng turns it on (`deterministic=False`); every decoding path is
+deterministic, and there a Dropout returns its input untouched (no extra work).
 """
 
 from __future__ import annotations
@@ -64,15 +71,16 @@ class EncoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x, mask, bias):
+    def __call__(self, x, mask, bias, deterministic: bool = True):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
+        drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = LayerNorm(cfg.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x)
         attention = Attention(cfg, name="attention")
         keys, values = attention.project_kv(h)
-        x = x + attention(h, keys, values, mask, bias)
+        x = x + drop(attention(h, keys, values, mask, bias, deterministic), deterministic)
         h = LayerNorm(cfg.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x)
-        return x + MlpBlock(cfg, name="mlp")(h)
+        return x + drop(MlpBlock(cfg, name="mlp")(h, deterministic), deterministic)
 
 
 class DecoderLayer(nn.Module):
@@ -87,25 +95,30 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention = Attention(cfg)
         self.pre_mlp_layer_norm = LayerNorm(cfg.layer_norm_eps, dtype)
         self.mlp = MlpBlock(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
     def cross_kv(self, encoded: jax.Array) -> dict[str, jax.Array]:
         """encoded [B, S, E] -> {"key", "value": [B, H, S, D]} for this layer's cross-attention."""
         keys, values = self.encoder_decoder_attention.project_kv(encoded)
         return {"key": keys, "value": values}
 
-    def __call__(self, x, self_mask, self_bias, layer_cache, index, cross, cross_mask):
+    def __call__(
+        self, x, self_mask, self_bias, layer_cache, index, cross, cross_mask, deterministic=True
+    ):
         """x [B, L, E]. layer_cache None: attend within the block (teacher forcing, no cache)."""
+        det = deterministic
         h = self.pre_self_attention_layer_norm(x)
         keys, values = self.self_attention.project_kv(h)
         if layer_cache is not None:
             keys = base.write_kv(layer_cache["key"], keys, index)
             values = base.write_kv(layer_cache["value"], values, index)
             layer_cache = {"key": keys, "value": values}
-        x = x + self.self_attention(h, keys, values, self_mask, self_bias)
+        x = x + self.dropout(self.self_attention(h, keys, values, self_mask, self_bias, det), det)
         h = self.pre_cross_attention_layer_norm(x)
-        x = x + self.encoder_decoder_attention(h, cross["key"], cross["value"], cross_mask)
+        h = self.encoder_decoder_attention(h, cross["key"], cross["value"], cross_mask, None, det)
+        x = x + self.dropout(h, det)
         h = self.pre_mlp_layer_norm(x)
-        return x + self.mlp(h), layer_cache
+        return x + self.dropout(self.mlp(h, det), det), layer_cache
 
 
 class _Stack(nn.Module):
@@ -120,6 +133,7 @@ class _Stack(nn.Module):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(cfg, bidirectional=bidirectional)
         self.layers = [layer(cfg) for _ in range(num_layers)]  # layers_{i}
+        self.embed_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         return LayerNorm(cfg.layer_norm_eps, jnp.dtype(cfg.dtype))
 
 
@@ -127,18 +141,19 @@ class Encoder(_Stack):
     def setup(self):
         num_layers = self.config.num_encoder_layers
         self.encoder_norm = self._setup_stack(EncoderLayer, num_layers, bidirectional=True)
+        self.output_dropout = nn.Dropout(self.config.dropout_rate)  # T5X: not shared along S
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, deterministic: bool = True) -> jax.Array:
         """tokens [B, S] (0 = pad) -> encoded [B, S, E]."""
         length = tokens.shape[1]
-        x = self.embedder(tokens)
+        x = self.embed_dropout(self.embedder(tokens), deterministic)
         bias = self.relpos_bias(jnp.arange(length)[None, :], length)  # [1, H, S, S]
         # Keys at padding are masked; queries at padding compute garbage nobody reads (their
         # outputs only ever serve as masked keys).
         mask = (tokens > 0)[:, None, None, :]
         for layer in self.layers:
-            x = layer(x, mask, bias)
-        return self.encoder_norm(x)
+            x = layer(x, mask, bias, deterministic)
+        return self.output_dropout(self.encoder_norm(x), deterministic)
 
 
 class Decoder(_Stack):
@@ -154,11 +169,14 @@ class Decoder(_Stack):
     def cross_kv(self, encoded: jax.Array) -> dict[str, dict[str, jax.Array]]:
         return {f"layers_{i}": layer.cross_kv(encoded) for i, layer in enumerate(self.layers)}
 
-    def __call__(self, tokens, positions, encoder_mask, cross, cache, index, ancestors=None):
+    def __call__(
+        self, tokens, positions, encoder_mask, cross, cache, index, ancestors=None, det=True
+    ):
         """tokens, positions [B, L] -> logits [B, L, V] float32 and the updated cache (or None).
 
         cache None: the L tokens are the whole decoder sequence at positions 0..L-1.
         ancestors: a static [L, L] token tree (models/base.py), or None for a causal block.
+        det: deterministic (no dropout); False only for a training forward pass.
         """
         cfg = self.config
         key_len = tokens.shape[1] if cache is None else cache["layers_0"]["key"].shape[2]
@@ -170,17 +188,17 @@ class Decoder(_Stack):
             keys = base.key_positions(positions, index, key_len)
             self_bias = self.relpos_bias(positions, key_len, keys)
         cross_mask = encoder_mask[:, None, None, :]
-        x = self.embedder(tokens)
+        x = self.embed_dropout(self.embedder(tokens), det)
         new_cache = None if cache is None else {}
         for i, layer in enumerate(self.layers):
             name = f"layers_{i}"
             layer_cache = None if cache is None else cache[name]
             x, layer_cache = layer(
-                x, self_mask, self_bias, layer_cache, index, cross[name], cross_mask
+                x, self_mask, self_bias, layer_cache, index, cross[name], cross_mask, det
             )
             if cache is not None:
                 new_cache[name] = layer_cache
-        y = self.decoder_norm(x).astype(jnp.float32)
+        y = self.embed_dropout(self.decoder_norm(x), det).astype(jnp.float32)
         if cfg.logits_via_embedding:
             logits = self.embedder.attend(y) / jnp.sqrt(jnp.float32(cfg.emb_dim))
         else:
@@ -199,21 +217,23 @@ class T5Module(nn.Module):
         self.encoder = Encoder(cfg, self.token_embedder)
         self.decoder = Decoder(cfg, self.token_embedder)
 
-    def prepare(self, encoder_tokens: jax.Array) -> dict[str, Any]:
+    def prepare(self, encoder_tokens: jax.Array, deterministic: bool = True) -> dict[str, Any]:
         """encoder_tokens [B, S] -> {"encoder_mask": bool [B, S], "cross": per-layer keys/values}."""
-        encoded = self.encoder(encoder_tokens)
+        encoded = self.encoder(encoder_tokens, deterministic)
         return {"encoder_mask": encoder_tokens > 0, "cross": self.decoder.cross_kv(encoded)}
 
-    def decode(self, tokens, positions, extras, cache, index, ancestors=None):
-        return self.decoder(
-            tokens, positions, extras["encoder_mask"], extras["cross"], cache, index, ancestors
-        )
+    def decode(self, tokens, positions, extras, cache, index, ancestors=None, det=True):
+        mask, cross = extras["encoder_mask"], extras["cross"]
+        return self.decoder(tokens, positions, mask, cross, cache, index, ancestors, det)
 
-    def __call__(self, encoder_tokens: jax.Array, decoder_tokens: jax.Array) -> jax.Array:
-        """Teacher-forced logits [B, L, V] for decoder_tokens [B, L] at positions 0..L-1."""
-        extras = self.prepare(encoder_tokens)
+    def __call__(
+        self, encoder_tokens: jax.Array, decoder_tokens: jax.Array, deterministic: bool = True
+    ) -> jax.Array:
+        """Teacher-forced logits [B, L, V] for decoder_tokens [B, L] at positions 0..L-1;
+        deterministic False (training) applies dropout and needs a 'dropout' rng."""
+        extras = self.prepare(encoder_tokens, deterministic)
         positions = jnp.broadcast_to(jnp.arange(decoder_tokens.shape[1]), decoder_tokens.shape)
-        logits, _ = self.decode(decoder_tokens, positions, extras, None, None)
+        logits, _ = self.decode(decoder_tokens, positions, extras, None, None, None, deterministic)
         return logits
 
 
@@ -249,13 +269,23 @@ class T5(base.ConfiguredModel):
         return jax.eval_shape(self.init_params, jax.random.PRNGKey(0))
 
     def forward(
-        self, params: base.Params, encoder_tokens: jax.Array, decoder_tokens: jax.Array
+        self,
+        params: base.Params,
+        encoder_tokens: jax.Array,
+        decoder_tokens: jax.Array,
+        dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
         """Teacher-forced logits [B, L, V] float32 in one pass without a cache.
 
         encoder_tokens [B, S] (0 = pad); decoder_tokens [B, L] start with the decoder start token 0.
+        dropout_rng: a PRNG key turns on dropout (training, `T5Config.dropout_rate`); None (the
+        default) is the deterministic network.
         """
-        return self.module.apply({"params": params}, encoder_tokens, decoder_tokens)
+        if dropout_rng is None:
+            return self.module.apply({"params": params}, encoder_tokens, decoder_tokens)
+        return self.module.apply(
+            {"params": params}, encoder_tokens, decoder_tokens, False, rngs={"dropout": dropout_rng}
+        )
 
     def init_state(self, params: base.Params, batch: base.Batch, max_len: int) -> DecodeState:
         """Encodes batch["encoder_input_tokens"] [B, S] once; empty decoder cache of max_len, index 0.

@@ -26,7 +26,13 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 @dataclasses.dataclass(frozen=True)
 class T5Config:
-    """T5X's `network.T5Config` fields (minus training-only ones) plus the relative-position constants."""
+    """T5X's `network.T5Config` fields plus the relative-position constants.
+
+    dropout_rate: T5X's name; applied only by a training forward pass (`T5.forward` with a
+    dropout rng), never when decoding. 0.0 by default (T5X's default is 0.1; its t5.1.1
+    pretraining configs use 0.0, fine-tuning 0.1). Left out of the repr, so a config's repr
+    (job fingerprints, caches keyed by it) is the one it had before the field existed.
+    """
 
     vocab_size: int
     emb_dim: int = 512
@@ -41,6 +47,7 @@ class T5Config:
     num_buckets: int = 32
     max_distance: int = 128
     layer_norm_eps: float = 1e-6
+    dropout_rate: float = dataclasses.field(default=0.0, repr=False)
 
     def __post_init__(self):
         # Gin and JSON give lists; a tuple keeps the config hashable (it is a static jit argument).
@@ -68,6 +75,8 @@ class T5Config:
                     f"known: {sorted(ACTIVATIONS)}"
                 )
         jnp.dtype(self.dtype)  # raises TypeError on an unknown dtype name
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -208,17 +217,30 @@ class Attention(nn.Module):
         """x [B, S, E] -> keys, values [B, H, S, D] (heads-major, the layout base.attend reads)."""
         return base.heads_major(self.key(x)), base.heads_major(self.value(x))
 
-    def __call__(self, x, keys, values, mask, bias=None):
-        """x [B, L, E] attends to keys/values [B, H, S, D]; mask [B|1, 1, L|1, S] -> [B, L, E]."""
-        attended = base.attend(self.query(x), keys, values, mask, bias, scale=1.0)
+    def __call__(self, x, keys, values, mask, bias=None, deterministic: bool = True):
+        """x [B, L, E] attends to keys/values [B, H, S, D]; mask [B|1, 1, L|1, S] -> [B, L, E].
+
+        deterministic False (training): T5X's dropout on the attention weights [B, H, L, S], one
+        mask shared by every query position."""
+        rate = self.config.dropout_rate
+        drop = None if deterministic or rate == 0.0 else self._drop_weights
+        attended = base.attend(self.query(x), keys, values, mask, bias, 1.0, drop)
         return self.out(attended)
+
+    def _drop_weights(self, weights: jax.Array) -> jax.Array:
+        keep_prob = 1.0 - self.config.dropout_rate
+        shape = (*weights.shape[:-2], 1, weights.shape[-1])
+        keep = jax.random.bernoulli(self.make_rng("dropout"), keep_prob, shape)
+        return weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, weights.dtype))
 
 
 class MlpBlock(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        """x [B, L, E] -> [B, L, E]; training (deterministic False) drops hidden units after the
+        activations, one mask per row shared by its positions (T5X)."""
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         acts = cfg.mlp_activations
@@ -231,6 +253,7 @@ class MlpBlock(nn.Module):
                 )(x)
             )
             hidden = h if hidden is None else hidden * h
+        hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic)
         return DenseGeneral(
             (cfg.mlp_dim,), (cfg.emb_dim,), ("mlp", "embed"), dtype=dtype, name="wo"
         )(hidden)

@@ -20,9 +20,13 @@ import jax.numpy as jnp
 
 from speculative import vocab as vocab_lib
 from speculative.errors import JobError
+from speculative.jobs.train import objective
 
 FINGERPRINT = "train_job.json"
 _COUNTS = ("batch_size", "steps", "checkpoint_every", "eval_every")
+# Settings added after runs were fingerprinted without them: recorded only when they differ from
+# these defaults, so an older run (trained with the defaults) still resumes.
+_REGULARISATION = {"schedule": "constant", "label_smoothing": 0.0, "z_loss": 0.0}
 
 
 def validate(cfg: Any) -> None:
@@ -44,6 +48,26 @@ def validate(cfg: Any) -> None:
             f"TrainConfig.feature_lengths needs 'inputs' and 'targets' >= 2, got {lengths}"
         )
     _validate_distillation(cfg)
+    _validate_regularisation(cfg)
+
+
+def _validate_regularisation(cfg: Any) -> None:
+    if cfg.schedule not in objective.SCHEDULES:
+        raise JobError(
+            f"TrainConfig.schedule must be one of {objective.SCHEDULES}, got {cfg.schedule!r}"
+        )
+    if cfg.schedule == "rsqrt" and cfg.warmup_steps < 1:
+        raise JobError("TrainConfig.schedule 'rsqrt' needs warmup_steps >= 1 (1/sqrt(step) at 0)")
+    smoothing = cfg.label_smoothing
+    if not isinstance(smoothing, int | float) or not 0.0 <= smoothing < 1.0:
+        raise JobError(f"TrainConfig.label_smoothing must be in [0, 1), got {smoothing!r}")
+    if not isinstance(cfg.z_loss, int | float) or not 0.0 <= cfg.z_loss < math.inf:
+        raise JobError(f"TrainConfig.z_loss must be a finite number >= 0, got {cfg.z_loss!r}")
+    keep = cfg.keep_checkpoints
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise JobError(
+            f"TrainConfig.keep_checkpoints must be None or an integer >= 1, got {keep!r}"
+        )
 
 
 def _validate_distillation(cfg: Any) -> None:
@@ -76,13 +100,21 @@ def file_digest(path: str) -> str:
 
 def fingerprint(cfg: Any) -> dict[str, Any]:
     """The settings the checkpoints are a function of; not steps (a run may be extended or cut
-    back), nor how often it logs, evaluates or checkpoints, nor the validation file."""
+    back), nor how often it logs, evaluates or checkpoints, nor how many it keeps, nor the
+    validation file. The regularisation (schedule, label smoothing, z-loss, the model's dropout
+    rate, which its repr leaves out) only when it is not the default."""
     keep = (
         "model", "vocabulary", "train_file", "prefix", "feature_lengths", "batch_size",
         "optimizer", "learning_rate", "warmup_steps", "seed", "teacher", "teacher_checkpoint",
         "distill_weight",
     )  # fmt: skip
     record = {name: repr(getattr(cfg, name)) for name in keep}
+    for name, default in _REGULARISATION.items():
+        if getattr(cfg, name) != default:
+            record[name] = repr(getattr(cfg, name))
+    dropout_rate = getattr(getattr(cfg.model, "config", None), "dropout_rate", 0.0)
+    if dropout_rate:
+        record["dropout_rate"] = repr(dropout_rate)
     record["train_file_sha256"] = file_digest(cfg.train_file)
     return record
 
