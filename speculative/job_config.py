@@ -22,6 +22,7 @@ import gin
 from speculative import configurables, distributed, model_loading, partitioning, seqio_inputs  # noqa: F401
 from speculative.decoding import GammaPolicy
 from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
+from speculative.decoding.config import check_tree_settings
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
@@ -233,18 +234,22 @@ def check_lenience(lenience: Any, greedy: bool = False) -> None:
 
 
 def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> TreeShape | None:
-    """The TreeShape TREE names (None: chains), or a JobError saying why it cannot be used."""
+    """The TreeShape TREE names (None: chains), or a JobError saying why it cannot be used: the
+    shape as `TreeShape.parse` reads it, the other settings by `decoding.config`'s tree rule (the
+    one DecodeConfig applies), in the job's words."""
     if tree is None:
         return None
     try:
         shape = TreeShape.parse(tree)
     except ValueError as e:
         raise JobError(f"TREE: {e}") from None
-    if acceptance != "token" or lenience != 1 or gamma_policy != GammaPolicy():
+    try:
+        check_tree_settings(acceptance, lenience, gamma_policy)  # DecodeConfig's own rule
+    except ValueError:
         raise JobError(
             f"TREE is verified by the exact tree rule: it needs ACCEPTANCE 'token', LENIENCE 1 and "
             f"the fixed GAMMA_POLICY, got {acceptance!r}, {lenience}, {gamma_policy}"
-        )
+        ) from None
     return shape
 
 

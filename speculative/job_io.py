@@ -5,7 +5,8 @@ Rows are appended a finished batch at a time, flushed and fsynced. A job killed 
 leaves whole rows plus at most one torn last line; `ResultStore` truncates that line on restart and
 reports the indices already done, so a restarted job neither loses nor duplicates rows.
 `job.json` holds a fingerprint of the job; a restart with a different job in the same directory is
-refused instead of mixing results. `.lock` (an `fcntl.flock` lock holding the owner's pid) keeps a
+refused instead of mixing results (`check_fingerprint`, the one check: the trainers' train_job.json
+and head_job.json go through it too). `.lock` (an `fcntl.flock` lock holding the owner's pid) keeps a
 second job out of a directory in use; the kernel drops the lock when its process dies, so the file
 a killed job leaves behind does not block a resume.
 
@@ -112,7 +113,7 @@ class ResultStore:
         self.out = OutputDir(self.dir)
         self.path = self.dir / PREDICTIONS
         holds_rows = self.path.exists() and self.path.stat().st_size > 0
-        check_fingerprint(self.out, fingerprint, holds_rows)
+        check_fingerprint(self.out, fingerprint, holds_results=holds_rows)
         self.done: dict[int, dict[str, Any]] = self._recover()
 
     def _recover(self) -> dict[int, dict[str, Any]]:
@@ -162,26 +163,72 @@ class ResultStore:
         """Nothing: the rows are in predictions.jsonl as they are appended."""
 
 
-def check_fingerprint(out: OutputDir, fingerprint: Mapping[str, Any], holds_rows: bool) -> None:
-    """Writes job.json, or refuses (JobError) a directory whose rows are another job's.
+def check_fingerprint(
+    out: OutputDir | str | os.PathLike,
+    fingerprint: Mapping[str, Any],
+    *,
+    name: str = JOB,
+    holds_results: bool = True,
+    what: str | None = None,
+) -> None:
+    """Records `fingerprint` (what the outputs in `out` are a function of) in out/name on the
+    first run; refuses (JobError, naming the settings that differ) a later run with another one.
 
-    A job that stopped before its first row (a bad checkpoint path, say) left none, and the
-    corrected job takes the directory over.
+    The one check of every job: the infer and benchmark jobs' job.json (what=None: "holds results
+    of a different job") and the trainers' train_job.json / head_job.json (what="a model", "a
+    head": "holds a model trained with other settings"). holds_results=False (a job that stopped
+    before its first row, after a bad checkpoint path, say): nothing of the earlier job is in
+    `out`, so the new fingerprint takes the directory over, whatever the old file holds.
+
+    Written: {"fingerprint": {...}}, values normalised through JSON (tuples -> lists, anything
+    else by repr). Read: that, and a bare {...} object (what the trainers wrote before).
     """
-    fingerprint = json.loads(json.dumps(dict(fingerprint)))  # normalise tuples -> lists
-    if out.exists(JOB):
-        old = json.loads(out.read_text(JOB)).get("fingerprint", {})
-        if old == fingerprint:
+    out = out if isinstance(out, OutputDir) else OutputDir(out)
+    mine = json.loads(json.dumps(dict(fingerprint), default=repr))
+    if out.exists(name):
+        try:
+            theirs = _read_fingerprint(out, name)
+        except JobError:
+            if holds_results:
+                raise
+            theirs = {}
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if not differ:
             return
-        if holds_rows:
-            keys = sorted(
-                k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)
-            )
-            raise JobError(
-                f"output directory {out.url!r} holds results of a different job "
-                f"(differs in: {', '.join(keys)}); use another output directory or delete it"
-            )
-    out.write_text(JOB, json.dumps({"fingerprint": fingerprint}, indent=2))
+        if holds_results:
+            raise JobError(_refusal(out, what, ", ".join(differ)))
+    out.write_text(name, json.dumps({"fingerprint": mine}, indent=2))
+
+
+def _read_fingerprint(out: OutputDir, name: str) -> dict[str, Any]:
+    """The settings recorded in out/name, in either format (see check_fingerprint)."""
+    try:
+        record = json.loads(out.read_text(name))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise JobError(
+            f"unreadable job fingerprint ({e}); delete it", role="fingerprint", path=out.where(name)
+        ) from None
+    if isinstance(record, dict) and isinstance(record.get("fingerprint"), dict):
+        record = record["fingerprint"]
+    if not isinstance(record, dict):
+        raise JobError(
+            "not a job fingerprint (a JSON object); delete it",
+            role="fingerprint",
+            path=out.where(name),
+        )
+    return record
+
+
+def _refusal(out: OutputDir, what: str | None, differ: str) -> str:
+    if what is None:  # the rows of the infer and benchmark jobs
+        return (
+            f"output directory {out.url!r} holds results of a different job (differs in: "
+            f"{differ}); use another output directory or delete it"
+        )
+    return (
+        f"{out.url} holds {what} trained with other settings ({differ}); use another OUTPUT_DIR "
+        "or the same settings"
+    )
 
 
 def open_result_store(output_dir: str, fingerprint: Mapping[str, Any]) -> ResultStore | ChunkStore:
@@ -190,7 +237,7 @@ def open_result_store(output_dir: str, fingerprint: Mapping[str, Any]) -> Result
     if not is_remote(output_dir):
         return ResultStore(output_dir, fingerprint)
     store = ChunkStore(OutputDir(output_dir).prepare())
-    check_fingerprint(store.out, fingerprint, holds_rows=bool(store.committed))
+    check_fingerprint(store.out, fingerprint, holds_results=bool(store.committed))
     store.recover()
     return store
 

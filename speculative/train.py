@@ -45,7 +45,6 @@ from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
-from speculative.jobs import common
 from speculative.jobs.train import guards, objective, resume, retention
 
 log = logging.getLogger(__name__)
@@ -288,7 +287,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     job_io.require_local(cfg.output_dir, "the T5 trainer")  # not a local 'gs:' folder
     guards.validate(cfg)
     with job_io.lock_output_dir(cfg.output_dir) as out:
-        common.check_fingerprint(out, guards.FINGERPRINT, guards.fingerprint(cfg), "a model")
+        job_io.check_fingerprint(
+            out, guards.fingerprint(cfg), name=guards.FINGERPRINT, what="a model"
+        )
         return _train_locked(cfg, out)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, tree_verification
+from speculative import decoding, job_config, tree_verification
 from speculative.decoding.tree import TreeShape, siblings
 from speculative.drafts.ngram import NgramDrafter
 from speculative.drafts.prompt_lookup import PromptLookupDrafter
@@ -67,6 +67,28 @@ def test_tree_settings_that_cannot_be_exact_are_refused():
         decoding.DecodeConfig(8, (1,), tree=tree, lenience=0.5)
     with pytest.raises(ValueError, match="gamma_policy must be"):
         decoding.DecodeConfig(8, (1,), tree=tree, gamma_policy=decoding.GammaPolicy("confidence"))
+
+
+def test_the_job_refuses_exactly_the_tree_settings_decode_config_refuses():
+    """TREE's job check (job_config.check_tree) applies DecodeConfig's one rule, in its words."""
+    tree = TreeShape.from_widths((2, 1))
+    policies = [decoding.GammaPolicy(), decoding.GammaPolicy("confidence")]
+    policies += [decoding.GammaPolicy("schedule", initial=2)]
+    for acceptance in ("token", "block"):
+        for lenience in (1, 1.0, 0.5):
+            for policy in policies:
+                try:
+                    decoding.DecodeConfig(8, (1,), tree=tree, acceptance=acceptance,
+                                          lenience=lenience, gamma_policy=policy)  # fmt: skip
+                    refused = False
+                except ValueError:
+                    refused = True
+                try:
+                    assert job_config.check_tree((2, 1), acceptance, lenience, policy) == tree
+                except JobError as e:
+                    assert refused and str(e).startswith("TREE is verified by the exact tree rule")
+                else:
+                    assert not refused, (acceptance, lenience, policy)
 
 
 def test_a_draft_refuses_a_tree_it_cannot_grow(target, draft, batch):

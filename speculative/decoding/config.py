@@ -59,6 +59,26 @@ class GammaPolicy:
         return self.kind != "fixed"
 
 
+# What a token tree needs: `tree_verification.verify_tree` is exact (lenience 1, its own rule in
+# place of the 'token' / 'block' chain rules) and scores a fixed shape (no adaptive gamma policy).
+TREE_NEEDS = {"acceptance": "token", "lenience": 1.0, "gamma_policy": GammaPolicy()}
+
+
+def check_tree_settings(acceptance: Any, lenience: Any, gamma_policy: Any) -> None:
+    """Raises ValueError naming the first setting a token tree cannot run with (TREE_NEEDS).
+
+    The one rule: DecodeConfig checks its tree with it, and the jobs' TREE check
+    (`job_config.check_tree`) turns its error into theirs before anything is loaded.
+    """
+    given = {"acceptance": acceptance, "lenience": lenience, "gamma_policy": gamma_policy}
+    for name, needed in TREE_NEEDS.items():
+        if given[name] != needed:
+            raise ValueError(
+                f"a token tree is verified by the exact tree rule with a fixed shape: "
+                f"{name} must be {needed!r}, got {given[name]!r}"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Everything static about one decode; hashable, so it is a static `jax.jit` argument.
@@ -142,17 +162,7 @@ class DecodeConfig:
                 f"gamma {self.gamma!r} differs from the depth of {tree.describe()} ({tree.depth}); "
                 f"leave gamma unset with a tree"
             )
-        refused = {
-            "acceptance": (self.acceptance, "token"),
-            "lenience": (self.lenience, 1.0),
-            "gamma_policy": (self.gamma_policy, GammaPolicy()),
-        }
-        for name, (value, needed) in refused.items():
-            if value != needed:
-                raise ValueError(
-                    f"a token tree is verified by the exact tree rule with a fixed shape: "
-                    f"{name} must be {needed!r}, got {value!r}"
-                )
+        check_tree_settings(self.acceptance, self.lenience, self.gamma_policy)
 
     @property
     def exact(self) -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import pathlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +15,7 @@ import jax
 from speculative import job_spmd, vocab
 from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_io import hold_output_dir, write_text_atomic
+from speculative.job_io import hold_output_dir
 
 
 class InputLengths:
@@ -140,29 +138,3 @@ def locked_output_dir(
     held = hold_output_dir(output_dir) if lock else contextlib.nullcontext()
     with held, job_spmd.compilation_cache(cache_dir) as cache:
         yield cache
-
-
-def check_fingerprint(out: pathlib.Path, name: str, mine: Mapping[str, Any], what: str) -> None:
-    """Records `mine` (what the outputs in `out` are a function of) in out/name on the first
-    run; refuses a later run whose settings differ, naming them. what: "a head", "a model"."""
-    path = out / name
-    mine = json.loads(json.dumps(mine, default=repr))
-    if not path.exists():
-        write_text_atomic(path, json.dumps(mine, indent=1))
-        return
-    try:
-        theirs = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise JobError(
-            f"unreadable job fingerprint ({e}); delete it", role="fingerprint", path=path
-        ) from None
-    if not isinstance(theirs, dict):
-        raise JobError(
-            "not a job fingerprint (a JSON object); delete it", role="fingerprint", path=path
-        )
-    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    if differ:
-        raise JobError(
-            f"{out} holds {what} trained with other settings ({', '.join(differ)}); use another "
-            "OUTPUT_DIR or the same settings"
-        )

@@ -3,7 +3,8 @@
 - `validate`: settings that cannot work, refused before anything is read (a zero
   checkpoint_every, distillation settings without a teacher, ...).
 - `fingerprint`: what the checkpoints in OUTPUT_DIR are a function of; a rerun with other
-  settings, or another training file under the same name, is refused (`jobs.common`).
+  settings, or another training file under the same name, is refused
+  (`job_io.check_fingerprint`).
 - `check_vocabulary`: a tokenizer whose ids the model (or the teacher) has no row for.
 - `Health`: the first step whose loss or gradient norm was not finite, tracked on the device
   (no host sync per step) and checked before every log line and checkpoint, so a poisoned state

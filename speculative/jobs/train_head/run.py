@@ -24,8 +24,13 @@ from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError
-from speculative.job_io import keep_records_up_to, lock_output_dir, require_local, write_text_atomic
-from speculative.jobs import common
+from speculative.job_io import (
+    check_fingerprint,
+    keep_records_up_to,
+    lock_output_dir,
+    require_local,
+    write_text_atomic,
+)
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
@@ -150,7 +155,7 @@ def run(cfg: HeadTrainConfig) -> dict[str, Any]:
     """Trains (or resumes) the head; returns summary.json's contents."""
     check(cfg)
     with lock_output_dir(os.path.expanduser(cfg.output_dir)) as out:
-        common.check_fingerprint(out, FINGERPRINT, cfg.fingerprint(), "a head")
+        check_fingerprint(out, cfg.fingerprint(), name=FINGERPRINT, what="a head")
         vocabulary = ml.load_vocabulary(cfg.vocabulary)
         target = ml.load_model(cfg.target, "target")
         if not isinstance(target.model, decoder.DecoderLM):
