@@ -14,10 +14,9 @@ import numpy as np
 import optax
 import pytest
 
-from speculative import checkpoints, train
+from speculative import checkpoints, job_io, train
 from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
-from speculative.jobs import common
 from speculative.jobs.train import guards, objective, retention
 from speculative.models import t5
 from tests import helpers
@@ -190,9 +189,11 @@ def test_the_fingerprint_refuses_a_changed_regularisation_but_not_more_steps(tmp
     recorded = guards.fingerprint(base)
     # the defaults add nothing: a run fingerprinted before these settings existed still resumes
     assert not {"schedule", "label_smoothing", "z_loss", "dropout_rate"} & set(recorded)
-    common.check_fingerprint(tmp_path, guards.FINGERPRINT, recorded, "a model")
+    job_io.check_fingerprint(tmp_path, recorded, name=guards.FINGERPRINT, what="a model")
     longer = dataclasses.replace(base, steps=5000, keep_checkpoints=3)
-    common.check_fingerprint(tmp_path, guards.FINGERPRINT, guards.fingerprint(longer), "a model")
+    job_io.check_fingerprint(
+        tmp_path, guards.fingerprint(longer), name=guards.FINGERPRINT, what="a model"
+    )
     dropped = t5.T5(dataclasses.replace(model.config, dropout_rate=0.1))
     for change, name in [
         ({"label_smoothing": 0.1}, "label_smoothing"),
@@ -202,7 +203,7 @@ def test_the_fingerprint_refuses_a_changed_regularisation_but_not_more_steps(tmp
     ]:
         changed = guards.fingerprint(dataclasses.replace(base, **change))
         with pytest.raises(JobError, match=rf"other settings \({name}\)"):
-            common.check_fingerprint(tmp_path, guards.FINGERPRINT, changed, "a model")
+            job_io.check_fingerprint(tmp_path, changed, name=guards.FINGERPRINT, what="a model")
 
 
 @pytest.mark.parametrize(
