@@ -179,6 +179,7 @@ def fetch_package(package: str, workdir: pathlib.Path) -> tuple[pathlib.Path, st
     """Downloads and unpacks a Debian package into workdir/package; returns (that root, the
     package's version). Raises JobError naming the package when the system's package tools are
     missing or fail."""
+    workdir = workdir.resolve()  # the tools run inside it: a relative --out must not be re-rooted
     debs = workdir / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     _system(["apt-get", "download", package], debs, package)
