@@ -153,10 +153,11 @@ def test_infer_job_plans_a_tree_decodes_as_plain_and_resumes_without_replanning(
     monkeypatch.chdir(helpers.ROOT)
 
     def flat_costs(target, tp, draft, dp, batch, config, gammas, lengths):
+        assert config.tree is None and not config.count_ranks  # timed as chains
         verify = {n: 1e-3 for n in lengths}
         return {"target_step_s": 1e-3, "draft_step_s": 1e-4, "c": 0.1, "target_extend_s": verify}
 
-    monkeypatch.setattr(tree_planner, "measure_costs", flat_costs)
+    monkeypatch.setattr(planner, "measure_costs", flat_costs)
     plain, _ = helpers.tiny_infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
     rows, s = helpers.tiny_infer(tmp_path, "auto", *AUTO_TREE)
     plan = s["planner"]

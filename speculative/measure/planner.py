@@ -237,15 +237,23 @@ def measure_costs(
     batch: dict[str, jax.Array],
     config: decoding.DecodeConfig,
     gammas: Sequence[int],
+    verify_lengths: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """`timing.measure_c` on `batch` with the verify call at every γ + 1: for a draft model (its
-    one-token step) and for a `Drafter` that is not one (its `propose`, per token, at max γ)."""
+    """`timing.measure_c` on `batch`: the verify call at every length in `verify_lengths` (default
+    every γ + 1; a tree's node counts + 1 for `tree_planner`), the draft step for a draft model (its
+    one-token step) or for a `Drafter` that is not one (its `propose`, per token, at max γ)."""
     deepest = dataclasses.replace(config, gamma=max(gammas))
+    if verify_lengths is None:
+        verify_lengths = [timing.verify_tokens(g) for g in gammas]
+    # the cache holds the longest verify call timed
+    longest = dataclasses.replace(
+        deepest, gamma=max(deepest.gamma, timing.verify_gamma(max(verify_lengths)))
+    )
     models = [target] if isinstance(draft, Drafter) else [target, draft]
-    cache_len = max(deepest.cache_length(m, batch) for m in models)
+    cache_len = max(longest.cache_length(m, batch) for m in models)
     return timing.measure_c(
         target, target_params, draft, draft_params, batch, cache_len,
-        verify_lengths=[timing.verify_tokens(g) for g in gammas], draft_config=deepest,
+        verify_lengths=list(verify_lengths), draft_config=deepest,
     )  # fmt: skip
 
 

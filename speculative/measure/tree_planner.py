@@ -35,7 +35,6 @@ import jax
 import numpy as np
 
 from speculative import decoding, metrics
-from speculative.decoding.drafter import Drafter
 from speculative.measure import planner, timing
 
 PROBE_WIDTH = 4  # W: siblings per depth in the probe; candidates use up to this many
@@ -147,28 +146,6 @@ def plan_trees(
     )
 
 
-def measure_costs(
-    target: Any,
-    target_params: Any,
-    draft: Any,
-    draft_params: Any,
-    batch: dict[str, jax.Array],
-    config: decoding.DecodeConfig,
-    gammas: Sequence[int],
-    lengths: Sequence[int],
-) -> dict[str, Any]:
-    """`timing.measure_c` on `batch` with the verify call at every length in `lengths`; the draft
-    step as `planner.measure_costs` times it (a `Drafter`'s propose per token at max γ)."""
-    chain = dataclasses.replace(config, tree=None, count_ranks=False, gamma=max(gammas))
-    longest = dataclasses.replace(chain, gamma=timing.verify_gamma(max(lengths)))
-    models = [target] if isinstance(draft, Drafter) else [target, draft]
-    cache_len = max(longest.cache_length(m, batch) for m in models)
-    return timing.measure_c(
-        target, target_params, draft, draft_params, batch, cache_len,
-        verify_lengths=list(lengths), draft_config=chain,
-    )  # fmt: skip
-
-
 def measure_and_plan(
     target: Any,
     target_params: Any,
@@ -185,8 +162,9 @@ def measure_and_plan(
     that grows trees of first children."""
     out = decode(probe_config(config, max(gammas)))
     lengths = timed_lengths(gammas, candidates(gammas))
-    costs = measure_costs(
-        target, target_params, draft, draft_params, batch, config, gammas, lengths
+    chain = dataclasses.replace(config, tree=None, count_ranks=False, gamma=max(gammas))
+    costs = planner.measure_costs(
+        target, target_params, draft, draft_params, batch, chain, gammas, lengths
     )
     counts = np.asarray(out.stats.accepted_rank).sum(0)
     tested = np.asarray(out.stats.verified_at).sum(0)
