@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, sharded_checkpoints, vocab
+from speculative.checkpoints import best
 from speculative.decoding.drafter import Drafter
 from speculative.drafts import registry, shortlist
 from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
@@ -47,6 +48,7 @@ from speculative.errors import (
     check_path,
     is_remote,
     loader_error,
+    strip_path,
 )
 from speculative.models import decoder, padding, t5
 from speculative.models.base import LanguageModel
@@ -109,6 +111,19 @@ def where(spec: ModelSpec | VocabSpec) -> str:
     return "(random weights)" if isinstance(spec, ModelSpec) else f"({spec.kind} vocabulary)"
 
 
+def resolved(spec: ModelSpec | DraftSpec, role: str = "model") -> ModelSpec | DraftSpec:
+    """spec, reading a training run's best checkpoint where its path is the run's directory
+    (format 't5x'; `checkpoints.best`): what is loaded and what outputs record agree."""
+    if not isinstance(spec, ModelSpec) or spec.format != "t5x" or not isinstance(spec.path, str):
+        return spec
+    try:
+        path = best.resolve(spec.path)
+    except ValueError as e:
+        record = os.path.join(spec.path, best.BEST)
+        raise JobError(strip_path(str(e), record), role=role, path=record) from e
+    return dataclasses.replace(spec, path=path)
+
+
 def _gguf_path(role: str, path: Any) -> str:
     if isinstance(path, str) and path in fetch.MODELS:
         return str(fetch.ensure_model(path))
@@ -142,6 +157,7 @@ def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
         raise JobError(f"{role}: format 't5x' needs a t5.T5 model, got {type(spec.model).__name__}")
     if spec.format in ("hf", "hf_t5", "t5x"):
         check_path(role, f"format {spec.format!r}", spec.path)
+    resolved(spec, role)  # a training run's best-checkpoint record is checked here, before loading
     if spec.format == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
         check_path(role, "format 'gguf'", spec.path)
 
@@ -158,6 +174,7 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
     loudly."""
     if isinstance(spec, DraftSpec):
         return registry.describe(spec)
+    spec = resolved(spec)
     head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
     if spec.format == "random":
         return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}{head}"
@@ -225,6 +242,12 @@ def load_model(spec: ModelSpec, role: str = "model", partitioner: Any = None) ->
     whole. A mesh that does not divide the model is a JobError naming the config field.
     """
     validate_model_spec(spec, role)
+    chosen = resolved(spec, role)
+    if chosen.path != spec.path:
+        log.info(
+            f"{role}: {spec.path} is a training run: reading its best checkpoint, {chosen.path}"
+        )
+    spec = chosen
     start = time.perf_counter()
     try:
         if partitioner is None:

@@ -22,10 +22,10 @@ from typing import Any
 
 from speculative import job_io
 from speculative.checkpoints import t5x_write
+from speculative.checkpoints.best import BEST
 
 log = logging.getLogger(__name__)
 
-BEST = "best_checkpoint.json"
 _REMOVING = ".removing_checkpoint_"
 
 
