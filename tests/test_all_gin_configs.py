@@ -206,6 +206,13 @@ REPRO_DRAFTS = {
 }
 
 
+def _draft_checkpoint(draft: str) -> str:
+    """The training run's directory (its best checkpoint is read); the distilled draft's last
+    checkpoint, named (its validation loss is against the references, not what it learns)."""
+    run = f"runs/ende/draft_{draft}"
+    return f"{run}/checkpoint_1000" if draft == "small_distilled" else run
+
+
 def _trained_model_config(name: str) -> t5.T5Config:
     """The model configs/train/<name>.gin trains."""
     from speculative import train  # registers speculative.TrainConfig
@@ -233,7 +240,7 @@ def test_repro_rows_decode_the_models_the_trainer_trains(draft, temperature):
         assert cfg.draft.tables == "runs/ende/ngram.npz"
     else:
         assert cfg.draft.model.config == trained and cfg.draft.format == "t5x"
-        assert cfg.draft.path == f"runs/ende/draft_{draft}"
+        assert cfg.draft.path == _draft_checkpoint(draft)
     assert (cfg.sampling.temperature, cfg.batch_size, cfg.speculative) == (temperature, 1, True)
     assert cfg.mixture_or_task_name == "speculative_ende_mini" and cfg.task_split == "test"
     assert cfg.input_file is None and cfg.task_setup is job_config.ende_task
@@ -251,7 +258,7 @@ def test_repro_benchmark_times_every_trained_draft():
     assert set(variants) == {*REPRO_DRAFTS, "unigram", "bigram"}
     for name, config in trained.items():
         assert variants[name].model.config == config
-        assert variants[name].path == f"runs/ende/draft_{name}"
+        assert variants[name].path == _draft_checkpoint(name)
     assert cfg.input_file == "data/ende/test.jsonl" and cfg.batch_sizes == [1]
 
 
