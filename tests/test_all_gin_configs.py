@@ -103,12 +103,17 @@ def test_configs_found():
     assert any(n.startswith("configs/demo/") for n in names)
 
 
+# configs/train overlays (added after a model config) -> the model config to test them with.
+TRAIN_OVERLAYS = {"configs/train/ende_big.gin": "configs/train/ende_target_regularised.gin"}
+
+
 def _check_train_config(path: pathlib.Path) -> None:
     """configs/train/*: a speculative.TrainConfig with a T5 model and a vocabulary, or a
     speculative.HeadTrainConfig with a target ModelSpec."""
     from speculative import train, train_head  # register the job configs
 
-    _parse_binding_required_to_none([_rel(path)])
+    base = TRAIN_OVERLAYS.get(_rel(path))
+    _parse_binding_required_to_none([base, _rel(path)] if base else [_rel(path)])
     if "HeadTrainConfig" in gin.config_str():
         head = train_head.HeadTrainConfig()
         assert isinstance(head.target, model_loading.ModelSpec)
@@ -118,6 +123,9 @@ def _check_train_config(path: pathlib.Path) -> None:
     assert isinstance(cfg.model, t5.T5) and isinstance(cfg.vocabulary, model_loading.VocabSpec)
     hash(cfg.model)
     assert cfg.steps >= 1 and cfg.batch_size >= 1
+    if base:  # every file the model config read is rebound to the overlay's corpus
+        read = (cfg.train_file, cfg.validation_file, cfg.vocabulary.path)
+        assert all(f.startswith("data/ende_big/") for f in read), read
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_rel)
