@@ -18,8 +18,18 @@ from speculative.storage import OutputDir
 PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
 
 
+def ci_text(point: Mapping[str, Any]) -> str:
+    """A point's bootstrap mean and 95% interval, "1.04x [0.98, 1.10]"; "" for a benchmark.json
+    from before they were recorded."""
+    interval = point.get("speedup_ci95")
+    if interval is None:
+        return ""
+    return f"{point['speedup_mean']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup, tok/s."""
+    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup (with
+    its bootstrap mean and 95% interval, "ci"), tok/s."""
     rows = []
     for cell in result["cells"]:
         for p in cell["points"]:
@@ -32,6 +42,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "tau": p["tau"],
                     "c": p.get("c", cell["c"]),  # a variant's draft's (older JSON: the cell's)
                     "speedup": p["speedup"],
+                    "ci": ci_text(p),
                     "decode_speedup": p.get("decode_speedup", float("nan")),
                     "predicted": p["predicted_speedup"],
                     "cost_model": p.get("cost_model_speedup", float("nan")),
@@ -116,11 +127,11 @@ def _sampling_label(cell: Mapping[str, Any]) -> str:
 
 
 def markdown_table(result: Mapping[str, Any]) -> str:
-    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s | round ms | γ·draft + verify + sampling ms |\n"
-    head += "| ---: " * 14 + "|\n"
+    head = "| batch | T | γ | α | τ | c | speedup | mean [95% CI] | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s | round ms | γ·draft + verify + sampling ms |\n"
+    head += "| ---: " * 15 + "|\n"
     lines = [
         f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
-        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['round_ms']:.0f} | {r['parts_ms']:.0f} |"
+        f"| {r['speedup']:.2f}x | {r['ci']} | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['round_ms']:.0f} | {r['parts_ms']:.0f} |"
         for r in table_rows(result)
     ]
     return head + "\n".join(lines)
@@ -147,15 +158,15 @@ def variant_table(result: Mapping[str, Any]) -> str:
     """Markdown, one row per (cell, variant, gamma): the variants side by side against the shared
     plain baseline, with the target's mean log-prob of their outputs when it was scored."""
     head = (
-        "| batch | variant | T | γ | α | τ | c | speedup | decode-only | Thm 3.8 "
-        "| greedy identical | exact | target mean logprob |\n" + "| ---: " * 13 + "|\n"
+        "| batch | variant | T | γ | α | τ | c | speedup | mean [95% CI] | decode-only | Thm 3.8 "
+        "| greedy identical | exact | target mean logprob |\n" + "| ---: " * 14 + "|\n"
     )
     lines = []
     for cell in result["cells"]:
         plain = cell.get("plain_target_mean_logprob")
         if plain is not None:
             lines.append(
-                f"| {cell['batch_size']} | plain | {_sampling_label(cell)} | | | | | 1.00x | 1.00x "
+                f"| {cell['batch_size']} | plain | {_sampling_label(cell)} | | | | | 1.00x | | 1.00x "
                 f"| | | yes | {plain:.3f} |"
             )
         for p in cell["points"]:
@@ -165,7 +176,7 @@ def variant_table(result: Mapping[str, Any]) -> str:
                 f"| {cell['batch_size']} | {p.get('variant', '')} | {_sampling_label(cell)} "
                 f"| {shape_label(p)} | {p['alpha']:.3f} | {p['tau']:.2f} "
                 f"| {p.get('c', cell['c']):.3f} "
-                f"| {p['speedup']:.2f}x | {p.get('decode_speedup', float('nan')):.2f}x "
+                f"| {p['speedup']:.2f}x | {ci_text(p)} | {p.get('decode_speedup', float('nan')):.2f}x "
                 f"| {p['predicted_speedup']:.2f}x | {same} | {'yes' if p.get('exact', True) else 'NO'} "
                 f"| {'' if logprob is None else f'{logprob:.3f}'} |"
             )
