@@ -1,7 +1,8 @@
 """The EnDe reproduction's tables (docs/reproduction.md) from what scripts/reproduce_ende.sh left
-in runs/ende: the trained models, Table 3 (alpha per draft), Table 2 (interleaved speedups at
-Theorem 3.8's gamma), the Table 2 rows over the whole test split, distillation before / after,
-and BLEU (sacrebleu) of plain vs speculative decoding.
+in runs/ende: the trained models, Table 3 (alpha per draft), Table 2 (interleaved speedups on
+the test split at the gamma chosen on the validation split, with bootstrap intervals), the Table 2
+rows over the whole test split, distillation before / after, and BLEU (sacrebleu) of plain vs
+speculative decoding.
 
     python scripts/ende_report.py --runs runs/ende --out benchmarks/ende_repro
 
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from speculative import metrics, provenance
+from speculative import benchmark_report, provenance
 
 MODELS = ("target", "draft_small", "draft_base", "draft_large", "draft_small_distilled")
 DRAFTS = ("small", "base", "large", "small_distilled", "unigram", "bigram")
@@ -136,55 +137,46 @@ def alpha_table(runs: pathlib.Path) -> list[dict]:
     return rows
 
 
+def _benchmark(runs: pathlib.Path, name: str) -> Mapping[str, Any] | None:
+    return _json(runs / name / "benchmark.json")
+
+
 def benchmark_table(runs: pathlib.Path) -> list[dict]:
     """Table 2 (interleaved, one plain baseline per temperature): per draft, the alpha and c the
-    benchmark measured, Theorem 3.8's best gamma for them and its prediction, the speedup measured
-    at that gamma (or the nearest one swept), and the best speedup of the sweep."""
+    benchmark measured, Theorem 3.8's prediction, and the speedup measured (with its bootstrap
+    mean and 95% interval) at the row's gamma (`benchmark_report.chosen_rows`).
+
+    The gamma: with benchmark_validation_t{T} and benchmark_test_t{T}, the one of the best
+    bootstrap-mean speedup on the validation sweep, measured on the test split (choosing the
+    best of a sweep on the inputs it is reported on would bias it upward); otherwise (runs from
+    before that split, benchmark_t{T}) Theorem 3.8's best, with the best speedup of the sweep."""
     rows = []
     for t in TEMPERATURES:
-        rows += _benchmark_rows(_json(runs / f"benchmark_t{t}" / "benchmark.json"))
+        validation = _benchmark(runs, f"benchmark_validation_t{t}")
+        test = _benchmark(runs, f"benchmark_test_t{t}")
+        if validation is None or test is None:
+            test, validation = _benchmark(runs, f"benchmark_t{t}"), None
+        try:
+            rows += [] if test is None else benchmark_report.chosen_rows(test, validation)
+        except ValueError as e:
+            raise SystemExit(f"error: benchmark_test_t{t}/benchmark.json: {e}") from None
     return rows
 
 
-def _benchmark_rows(result: Mapping[str, Any] | None) -> list[dict]:
-    if result is None:
-        return []
-    rows = []
-    for cell in result["cells"]:
-        for name, v in cell.get("variants", {}).items():
-            points = {p["gamma"]: p for p in cell["points"] if p.get("variant") == name}
-            if not points:
-                continue
-            best_gamma = metrics.optimal_gamma(v["alpha"], v["c"], max_gamma=max(points))
-            at = min(points, key=lambda g: (abs(g - best_gamma), g))
-            best = max(points.values(), key=lambda p: p["speedup"])
-            rows.append(
-                {
-                    "draft": name,
-                    "temperature": cell["temperature"],
-                    "alpha": v["alpha"],
-                    "c": v["c"],
-                    "gamma": at,
-                    "predicted_speedup": metrics.predicted_speedup(v["alpha"], at, v["c"]),
-                    "speedup": points[at]["speedup"],
-                    "decode_speedup": points[at].get("decode_speedup"),
-                    "cost_model_speedup": points[at].get("cost_model_speedup"),
-                    "verify_steps": _verify_steps(cell, at),
-                    "best_gamma": best["gamma"],
-                    "best_speedup": best["speedup"],
-                    "greedy_identical": points[at].get("greedy_identical_to_plain"),
-                    "plain_ms_per_token": 1e3 * cell["plain_s_per_token"],
-                    "target_step_ms": 1e3 * cell["target_step_s"],
-                    "examples": result["num_examples"],
-                }
-            )
-    return rows
+def validation_gamma(runs: pathlib.Path, draft: str, temperature: float) -> int | None:
+    """The gamma of `draft`'s best bootstrap-mean speedup in the validation sweep at T, or None."""
+    validation = _benchmark(runs, f"benchmark_validation_t{int(temperature)}")
+    cell = benchmark_report.cell_at(validation or {"cells": []}, temperature)
+    points = benchmark_report.variant_points(cell, draft)
+    return benchmark_report.best_mean_gamma(points) if points else None
 
 
-def _verify_steps(cell: Mapping[str, Any], gamma: int) -> float | None:
-    """The verify call (the target's extend by gamma + 1 tokens) in one-token steps."""
-    extend = cell.get("target_extend_s", {}).get(str(gamma + 1))
-    return None if extend is None else extend / cell["target_step_s"]
+def table2_gamma(runs: pathlib.Path, draft: str, temperature: float) -> int | None:
+    """The gamma of `draft`'s Table 2 row at T (`benchmark_table`), or None."""
+    rows = benchmark_table(runs)
+    return next(
+        (r["gamma"] for r in rows if (r["draft"], r["temperature"]) == (draft, temperature)), None
+    )
 
 
 def _bleu(rows: list[dict]) -> float:
@@ -253,6 +245,47 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "" if x is None else format(x, spec)
 
 
+def _gamma_choice(r: Mapping[str, Any]) -> str:
+    if r["gamma_from"] == "validation":
+        chosen = r["validation"]
+        mean = benchmark_report.ci_text(chosen) or f"{chosen['speedup']:.2f}x"
+        return f"validation: {mean}; Thm 3.8: {r['theorem_gamma']}"
+    return f"Thm 3.8; best measured {r['best_speedup']:.2f}x ({r['best_gamma']})"
+
+
+def table2_markdown(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Table 2's lines: what chose each gamma, then a row per draft and temperature."""
+    lines = ["", "### Table 2: interleaved benchmark, batch 1", ""]
+    if any(r["gamma_from"] == "validation" for r in rows):
+        lines += [
+            "γ chosen on validation: the best bootstrap-mean speedup of the validation split's "
+            "sweep, then measured on the test split. Mean [95% CI]: bootstrap over inputs and "
+            "repeats. Output tokens: mean per example, speculative / plain.",
+            "",
+        ]
+    if any(r["gamma_from"] == "Thm 3.8" for r in rows):
+        lines += ["γ = Thm 3.8's best (the nearest swept); best measured: the sweep's best.", ""]
+    lines += [
+        "| draft | T | γ | α | c | Thm 3.8 | verify (steps) | cost model | measured | mean [95% CI] "
+        "| decode-only | output tokens | γ chosen by | paper γ / α / speedup |",
+        "| --- " + "| ---: " * 11 + "| --- | ---: |",
+    ]
+    for r in rows:
+        paper = PAPER.get((r["draft"], r["temperature"]))
+        paper_text = "" if paper is None else f"{paper[0]} / {paper[1]} / {paper[2]}X"
+        lengths = (r.get("mean_output_tokens"), r.get("plain_mean_output_tokens"))
+        lines.append(
+            f"| {r['draft']} | {r['temperature']} | {r['gamma']} | {r['alpha']:.3f} | {r['c']:.3f} "
+            f"| {r['predicted_speedup']:.2f}x | {_fmt(r['verify_steps'], '.2f')} "
+            f"| {_fmt(r['cost_model_speedup'], '.2f')}x | {r['speedup']:.2f}x "
+            f"| {benchmark_report.ci_text(r)} "
+            f"| {_fmt(r['decode_speedup'], '.2f')}x "
+            f"| {'' if None in lengths else '{:.1f} / {:.1f}'.format(*lengths)} "
+            f"| {_gamma_choice(r)} | {paper_text} |"
+        )
+    return lines
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     lines = [
         "### Models",
@@ -278,22 +311,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"| {_fmt(r.get('alpha_all_positions'))} | {r['tokens']} "
             f"| {'' if paper is None else paper} |"
         )
-    lines += ["", "### Table 2: interleaved benchmark, batch 1 (γ = Thm 3.8's best)", ""]
-    lines += [
-        "| draft | T | γ | α | c | Thm 3.8 | verify (steps) | cost model | measured | decode-only "
-        "| best γ (measured) | paper γ / α / speedup |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in report["benchmark"]:
-        paper = PAPER.get((r["draft"], r["temperature"]))
-        paper_text = "" if paper is None else f"{paper[0]} / {paper[1]} / {paper[2]}X"
-        lines.append(
-            f"| {r['draft']} | {r['temperature']} | {r['gamma']} | {r['alpha']:.3f} | {r['c']:.3f} "
-            f"| {r['predicted_speedup']:.2f}x | {_fmt(r['verify_steps'], '.2f')} "
-            f"| {_fmt(r['cost_model_speedup'], '.2f')}x | {r['speedup']:.2f}x "
-            f"| {_fmt(r['decode_speedup'], '.2f')}x "
-            f"| {r['best_gamma']}: {r['best_speedup']:.2f}x | {paper_text} |"
-        )
+    lines += table2_markdown(report["benchmark"])
     lines += ["", "### Table 2 rows over the whole test split (infer job; BLEU)", ""]
     lines += [
         "| draft | T | γ | α | τ | tok/s | speedup | BLEU | tokens identical to plain |",
@@ -338,18 +356,26 @@ def main(argv: list[str] | None = None) -> int:
         "--gamma_for",
         nargs=2,
         metavar=("DRAFT", "T"),
-        help="print the Table 2 row's gamma (Thm 3.8's best for the benchmark's alpha and c)",
+        help="print the Table 2 row's gamma (chosen on validation; without that run, Thm 3.8's "
+        "best for the benchmark's alpha and c)",
+    )
+    parser.add_argument(
+        "--validation_gamma",
+        nargs=2,
+        metavar=("DRAFT", "T"),
+        help="print the gamma of DRAFT's best bootstrap-mean speedup in the validation sweep at T",
     )
     args = parser.parse_args(argv)
-    if args.gamma_for:
-        draft, t = args.gamma_for[0], float(args.gamma_for[1])
-        rows = [
-            r for r in benchmark_table(args.runs) if (r["draft"], r["temperature"]) == (draft, t)
-        ]
-        if not rows:
-            print(f"no benchmark point for draft {draft} at T = {t}", file=sys.stderr)
+    if args.validation_gamma or args.gamma_for:
+        draft, t = args.validation_gamma or args.gamma_for
+        pick, where = (
+            (validation_gamma, "validation ") if args.validation_gamma else (table2_gamma, "")
+        )
+        gamma = pick(args.runs, draft, float(t))
+        if gamma is None:
+            print(f"no {where}benchmark point for draft {draft} at T = {t}", file=sys.stderr)
             return 2
-        print(rows[0]["gamma"])
+        print(gamma)
         return 0
     times = _times(args.runs)
     report = {

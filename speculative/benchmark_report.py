@@ -18,8 +18,123 @@ from speculative.storage import OutputDir
 PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
 
 
+def ci_text(point: Mapping[str, Any]) -> str:
+    """A point's bootstrap mean and 95% interval, "1.04x [0.98, 1.10]"; "" for a benchmark.json
+    from before they were recorded."""
+    interval = point.get("speedup_ci95")
+    if interval is None:
+        return ""
+    return f"{point['speedup_mean']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def variant_points(cell: Mapping[str, Any], variant: str) -> dict[int, Mapping[str, Any]]:
+    """{gamma: point} of one variant in a benchmark.json cell."""
+    return {p["gamma"]: p for p in cell["points"] if p.get("variant") == variant}
+
+
+def best_mean_gamma(points: Mapping[int, Mapping[str, Any]]) -> int:
+    """The gamma of the best bootstrap-mean speedup among {gamma: point} (the measured speedup
+    for a benchmark.json from before the bootstrap); the smaller gamma on a tie."""
+    return max(sorted(points), key=lambda g: points[g].get("speedup_mean", points[g]["speedup"]))
+
+
+def cell_at(result: Mapping[str, Any], temperature: float) -> Mapping[str, Any]:
+    """The first cell of a benchmark.json at `temperature` (an empty one when none is)."""
+    cells = [c for c in result["cells"] if c["temperature"] == temperature]
+    return cells[0] if cells else {"points": [], "temperature": temperature}
+
+
+def chosen_rows(
+    result: Mapping[str, Any], validation: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One row per (cell, variant) of a benchmark.json swept with VARIANTS, at one gamma each.
+
+    With `validation` (the same variants' sweep on other inputs, e.g. a validation split) the
+    gamma is the variant's best bootstrap-mean speedup there ("gamma_from": "validation"; the
+    row's "validation" holds that point's mean and interval): picking the best of a sweep on the
+    inputs it is reported on would bias its speedup upward. Without, it is Theorem 3.8's best
+    for the measured alpha and c, the nearest swept ("Thm 3.8"), beside the sweep's best.
+    Raises ValueError when the validation run lacks a variant or chose a gamma `result` lacks."""
+    rows = []
+    for cell in result["cells"]:
+        for name, v in cell.get("variants", {}).items():
+            points = variant_points(cell, name)
+            if not points:
+                continue
+            if validation is None:
+                row = _theorem_choice(v, points)
+            else:
+                swept = variant_points(cell_at(validation, cell["temperature"]), name)
+                row = _validation_choice(name, v, points, swept)
+            p = points[row["gamma"]]
+            rows.append(
+                {
+                    "draft": name,
+                    "temperature": cell["temperature"],
+                    "alpha": v["alpha"],
+                    "c": v["c"],
+                    **row,
+                    "predicted_speedup": metrics.predicted_speedup(v["alpha"], p["gamma"], v["c"]),
+                    "speedup": p["speedup"],
+                    "speedup_mean": p.get("speedup_mean"),  # None: a run from before the bootstrap
+                    "speedup_ci95": p.get("speedup_ci95"),
+                    "decode_speedup": p.get("decode_speedup"),
+                    "cost_model_speedup": p.get("cost_model_speedup"),
+                    "verify_steps": _verify_steps(cell, p["gamma"]),
+                    "mean_output_tokens": p.get("speculative_mean_output_tokens"),
+                    "plain_mean_output_tokens": cell.get("plain_mean_output_tokens"),
+                    "greedy_identical": p.get("greedy_identical_to_plain"),
+                    "plain_ms_per_token": 1e3 * cell["plain_s_per_token"],
+                    "target_step_ms": 1e3 * cell["target_step_s"],
+                    "examples": result.get("num_examples"),
+                }
+            )
+    return rows
+
+
+def _theorem_choice(v: Mapping[str, Any], points: Mapping[int, Any]) -> dict[str, Any]:
+    theorem = metrics.optimal_gamma(v["alpha"], v["c"], max_gamma=max(points))
+    best = max(points.values(), key=lambda p: p["speedup"])
+    return {
+        "gamma": min(points, key=lambda g: (abs(g - theorem), g)),
+        "gamma_from": "Thm 3.8",
+        "theorem_gamma": theorem,
+        "best_gamma": best["gamma"],
+        "best_speedup": best["speedup"],
+    }
+
+
+def _validation_choice(
+    name: str, v: Mapping[str, Any], points: Mapping[int, Any], swept: Mapping[int, Any]
+) -> dict[str, Any]:
+    if not swept:
+        raise ValueError(f"the validation run has no point of variant {name!r}")
+    gamma = best_mean_gamma(swept)
+    if gamma not in points:
+        raise ValueError(f"variant {name!r} did not run gamma {gamma}, chosen on validation")
+    chosen = swept[gamma]
+    return {
+        "gamma": gamma,
+        "gamma_from": "validation",
+        "theorem_gamma": metrics.optimal_gamma(v["alpha"], v["c"], max_gamma=max(swept)),
+        "validation": {
+            "gamma": gamma,
+            "speedup": chosen["speedup"],
+            "speedup_mean": chosen.get("speedup_mean"),
+            "speedup_ci95": chosen.get("speedup_ci95"),
+        },
+    }
+
+
+def _verify_steps(cell: Mapping[str, Any], gamma: int) -> float | None:
+    """The verify call (the target's extend by gamma + 1 tokens) in one-token steps."""
+    extend = cell.get("target_extend_s", {}).get(str(gamma + 1))
+    return None if extend is None else extend / cell["target_step_s"]
+
+
 def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup, tok/s."""
+    """Flat rows: batch, temperature, gamma, alpha, tau, c, measured / predicted speedup (with
+    its bootstrap mean and 95% interval, "ci"), tok/s."""
     rows = []
     for cell in result["cells"]:
         for p in cell["points"]:
@@ -32,6 +147,7 @@ def table_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "tau": p["tau"],
                     "c": p.get("c", cell["c"]),  # a variant's draft's (older JSON: the cell's)
                     "speedup": p["speedup"],
+                    "ci": ci_text(p),
                     "decode_speedup": p.get("decode_speedup", float("nan")),
                     "predicted": p["predicted_speedup"],
                     "cost_model": p.get("cost_model_speedup", float("nan")),
@@ -116,11 +232,11 @@ def _sampling_label(cell: Mapping[str, Any]) -> str:
 
 
 def markdown_table(result: Mapping[str, Any]) -> str:
-    head = "| batch | T | γ | α | τ | c | speedup | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s | round ms | γ·draft + verify + sampling ms |\n"
-    head += "| ---: " * 14 + "|\n"
+    head = "| batch | T | γ | α | τ | c | speedup | mean [95% CI] | decode-only speedup | Thm 3.8 | cost model | plain tok/s | spec tok/s | round ms | γ·draft + verify + sampling ms |\n"
+    head += "| ---: " * 15 + "|\n"
     lines = [
         f"| {r['batch']} | {r['T']} | {r['gamma']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} "
-        f"| {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['round_ms']:.0f} | {r['parts_ms']:.0f} |"
+        f"| {r['speedup']:.2f}x | {r['ci']} | {r['decode_speedup']:.2f}x | {r['predicted']:.2f}x | {r['cost_model']:.2f}x | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['round_ms']:.0f} | {r['parts_ms']:.0f} |"
         for r in table_rows(result)
     ]
     return head + "\n".join(lines)
@@ -147,15 +263,15 @@ def variant_table(result: Mapping[str, Any]) -> str:
     """Markdown, one row per (cell, variant, gamma): the variants side by side against the shared
     plain baseline, with the target's mean log-prob of their outputs when it was scored."""
     head = (
-        "| batch | variant | T | γ | α | τ | c | speedup | decode-only | Thm 3.8 "
-        "| greedy identical | exact | target mean logprob |\n" + "| ---: " * 13 + "|\n"
+        "| batch | variant | T | γ | α | τ | c | speedup | mean [95% CI] | decode-only | Thm 3.8 "
+        "| greedy identical | exact | target mean logprob |\n" + "| ---: " * 14 + "|\n"
     )
     lines = []
     for cell in result["cells"]:
         plain = cell.get("plain_target_mean_logprob")
         if plain is not None:
             lines.append(
-                f"| {cell['batch_size']} | plain | {_sampling_label(cell)} | | | | | 1.00x | 1.00x "
+                f"| {cell['batch_size']} | plain | {_sampling_label(cell)} | | | | | 1.00x | | 1.00x "
                 f"| | | yes | {plain:.3f} |"
             )
         for p in cell["points"]:
@@ -165,7 +281,7 @@ def variant_table(result: Mapping[str, Any]) -> str:
                 f"| {cell['batch_size']} | {p.get('variant', '')} | {_sampling_label(cell)} "
                 f"| {shape_label(p)} | {p['alpha']:.3f} | {p['tau']:.2f} "
                 f"| {p.get('c', cell['c']):.3f} "
-                f"| {p['speedup']:.2f}x | {p.get('decode_speedup', float('nan')):.2f}x "
+                f"| {p['speedup']:.2f}x | {ci_text(p)} | {p.get('decode_speedup', float('nan')):.2f}x "
                 f"| {p['predicted_speedup']:.2f}x | {same} | {'yes' if p.get('exact', True) else 'NO'} "
                 f"| {'' if logprob is None else f'{logprob:.3f}'} |"
             )

@@ -154,7 +154,8 @@ class BenchmarkConfig:
     """Plain vs speculative decoding of one target on the same prompts, in one run.
 
     Sweeps every (temperature, batch size, gamma); each timed point is the median of `repeats`
-    runs after one warm-up run, with compilation timed apart. Batch sizes that do not fit in
+    runs after one warm-up run (every run kept for its speedup's bootstrap interval), with
+    compilation timed apart. Batch sizes that do not fit in
     memory are recorded as skipped. input_file: as InferConfig ("humaneval" or a JSONL/TSV file);
     the first num_examples inputs (None: all) are used, cycled to fill a batch larger than them.
     """

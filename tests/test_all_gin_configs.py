@@ -270,6 +270,24 @@ def test_repro_benchmark_times_every_trained_draft():
     assert cfg.input_file == "data/ende/test.jsonl" and cfg.batch_sizes == [1]
 
 
+def test_repro_benchmark_takes_each_drafts_gamma_from_the_command_line():
+    """scripts/reproduce_ende.sh's runs: the sweep on the validation split, then each draft at the
+    one gamma chosen there, by the same flags (a draft without one keeps its sweep)."""
+    flags = [
+        "--gin.INPUT_FILE='data/ende/validation.jsonl'",
+        "--gin.small/speculative.Variant.gammas=[3]",
+        "--gin.bigram/speculative.Variant.gammas=[1]",
+        "--gin.OUTPUT_DIR='unused'",
+    ]
+    bindings = [f.split("=", 1)[1] for f in gin_flags.rewrite_gin_args(flags)]
+    gin_flags.parse_gin(["configs/repro/benchmark.gin"], bindings)
+    cfg = job_config.BenchmarkConfig()
+    assert cfg.input_file == "data/ende/validation.jsonl"
+    gammas = {v.name: v.gammas for v in cfg.variants}
+    assert gammas["small"] == [3] and gammas["bigram"] == [1]
+    assert gammas["base"] is None and gammas["unigram"] == [1, 2, 3]  # GAMMAS / the file's
+
+
 def test_paper_checkpoints_are_required_macros():
     with pytest.raises(JobError, match="DRAFT_CHECKPOINT, OUTPUT_DIR, TARGET_CHECKPOINT"):
         gin_flags.parse_gin(["configs/paper/ende_t0_small.gin"])

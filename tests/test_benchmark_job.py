@@ -19,7 +19,7 @@ from speculative import benchmark, benchmark_report, metrics, partitioning, summ
 from speculative import model_loading as ml
 from speculative.jobs.benchmark import settings as bench_settings
 from speculative.jobs.benchmark import setup as bench_setup
-from speculative.measure import memory
+from speculative.measure import bootstrap, memory
 from tests.helpers import tiny_decoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             "--gin.GAMMAS=[2, 3]",
             "--gin.TEMPERATURES=[0.0]",
             "--gin.BATCH_SIZES=[2, 1000000]",  # the second cannot fit and must be skipped
-            "--gin.REPEATS=1",
+            "--gin.REPEATS=2",
             "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
         ]
     )
@@ -56,6 +56,12 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
     )
     for cell in result["cells"]:
         assert cell["input_widths"] == [8, 16]
+        # The plain baseline's every timed run [batches][repeats] and its tokens, once per cell.
+        plain_runs = cell["plain_batch_repeat_s"]
+        assert [len(r) for r in plain_runs] == [2, 2] and min(map(min, plain_runs)) > 0
+        assert sum(cell["plain_batch_tokens"]) == cell["points"][0]["plain_tokens"]
+        # 3 inputs in batches of 2 -> 2 batches, 4 rows (the third input cycled to fill)
+        assert cell["plain_mean_output_tokens"] == sum(cell["plain_batch_tokens"]) / 4
         assert cell["c"] == pytest.approx(cell["draft_step_s"] / cell["target_step_s"])
         assert cell["optimal_gamma"] == metrics.optimal_gamma(cell["alpha"], cell["c"])
         assert [p["gamma"] for p in cell["points"]] == [2, 3]
@@ -63,6 +69,20 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             assert p["speedup"] == pytest.approx(p["speculative_tok_s"] / p["plain_tok_s"])
             assert len(p["plain_batch_s"]) == len(p["speculative_batch_s"]) == 2
             assert p["plain_s"] == pytest.approx(sum(p["plain_batch_s"]))
+            # every repeat kept; the per-batch time is their median (of 2: the mean)
+            runs = p["speculative_batch_repeat_s"]
+            assert [len(r) for r in runs] == [2, 2]
+            assert p["speculative_batch_s"] == pytest.approx([sum(r) / 2 for r in runs])
+            assert p["plain_batch_s"] == pytest.approx([sum(r) / 2 for r in plain_runs])
+            assert sum(p["speculative_batch_tokens"]) == p["speculative_tokens"]
+            assert p["speculative_mean_output_tokens"] == p["speculative_tokens"] / 4
+            # the bootstrap over those runs (paired with the plain baseline's), recomputable
+            interval = bootstrap.speedup_interval(
+                plain_runs, cell["plain_batch_tokens"], runs, p["speculative_batch_tokens"]
+            )
+            assert p["speedup_mean"] == pytest.approx(interval.mean)
+            assert p["speedup_ci95"] == pytest.approx([interval.lo, interval.hi])
+            assert p["speedup_ci95"][0] <= p["speedup_mean"] <= p["speedup_ci95"][1]
             plain_decode = (p["plain_s"] - p["target_prefill_s"]) / p["plain_tokens"]
             spec_decode = (p["speculative_s"] - p["target_prefill_s"] - p["draft_prefill_s"]) / p[
                 "speculative_tokens"
@@ -95,6 +115,9 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
         assert data.startswith(PNG) and len(data) > 5000
     table = benchmark_report.markdown_table(on_disk)  # the report reads the JSON alone
     assert table.count("\n") == 2 + 2 - 1  # header, rule, one row per gamma
+    first = on_disk["cells"][0]["points"][0]
+    lo, hi = first["speedup_ci95"]
+    assert f"| {first['speedup_mean']:.2f}x [{lo:.2f}, {hi:.2f}] |" in table  # the CI column
     made = on_disk["provenance"]
     assert "GAMMAS = [2, 3]" in made["gin_config"] and "git_commit" in made and "git_dirty" in made
     # TensorBoard: speedup, alpha and tau of the cell's points, one curve over gamma each
@@ -141,6 +164,7 @@ def test_interleaved_timings_compile_once_per_width_and_run_in_batch_order():
     assert result["a"].compile_s == 1.0 and len(result["a"].batch_seconds) == 4
     assert result["a"].seconds == pytest.approx(sum(result["a"].batch_seconds))
     assert result["a"].tokens == 0 and result["a"].outputs == []  # not a DecodeOutput
+    assert [len(r) for r in result["a"].batch_repeat_seconds] == [2] * 4  # every timed run
 
 
 def _setup(width: int) -> benchmark.Setup:

@@ -1,11 +1,17 @@
 """scripts/ende_report.py's provenance and paper columns: which code every run ran, read from the
-runs' own result files, and the paper's Table 3 alphas (the n-gram drafts included)."""
+runs' own result files, and the paper's Table 3 alphas (the n-gram drafts included); Table 2 at
+the gamma chosen on the validation sweep, with its bootstrap interval, or from runs from before
+that split at Theorem 3.8's gamma."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import pathlib
+
+import pytest
+
+from speculative import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ende_report", ROOT / "scripts" / "ende_report.py")
@@ -43,3 +49,91 @@ def test_paper_alpha_covers_the_model_and_ngram_drafts():
         and ende_report.paper_alpha("bigram", 1) == 0.19
     )
     assert ende_report.paper_alpha("small_distilled", 0) is None  # not in the paper
+
+
+def _point(variant: str, gamma: int, speedup: float, mean: float | None = None, ci=None) -> dict:
+    point = {"variant": variant, "gamma": gamma, "speedup": speedup, "decode_speedup": speedup}
+    if mean is not None:  # a benchmark.json from before the bootstrap has neither
+        point.update(
+            speedup_mean=mean, speedup_ci95=ci or [mean - 0.1, mean + 0.1],
+            speculative_mean_output_tokens=12.5,
+        )  # fmt: skip
+    return point
+
+
+def _benchmark(path: pathlib.Path, t: float, points: list[dict], plain_tokens=None) -> None:
+    """A benchmark.json of one cell at temperature t, as speculative.benchmark writes it."""
+    variants = {p["variant"]: {"alpha": 0.4, "c": 0.05} for p in points}
+    cell = {
+        "temperature": t, "points": points, "variants": variants, "plain_s_per_token": 0.002,
+        "target_step_s": 0.001, "target_extend_s": {"2": 0.0012, "3": 0.0013, "4": 0.0014},
+    }  # fmt: skip
+    if plain_tokens is not None:
+        cell["plain_mean_output_tokens"] = plain_tokens
+    path.mkdir(parents=True)
+    (path / "benchmark.json").write_text(json.dumps({"cells": [cell], "num_examples": 64}))
+
+
+def _printed(capsys, *argv: str) -> tuple[int, str]:
+    code = ende_report.main(list(argv))
+    return code, capsys.readouterr().out.strip()
+
+
+def test_table2_reports_on_test_the_gamma_chosen_on_validation(tmp_path, capsys):
+    # Validation: small's best single run is gamma 3 (1.20x) but its best mean is gamma 2, which
+    # is chosen; bigram ties at 1.02 and takes the smaller gamma.
+    _benchmark(
+        tmp_path / "benchmark_validation_t0", 0.0,
+        [_point("small", 1, 1.0, 1.05), _point("small", 2, 1.1, 1.10, [1.04, 1.16]),
+         _point("small", 3, 1.2, 1.08), _point("bigram", 1, 1.0, 1.02),
+         _point("bigram", 2, 1.0, 1.02)],
+    )  # fmt: skip
+    assert _printed(capsys, "--runs", str(tmp_path), "--validation_gamma", "small", "0") == (0, "2")
+    assert _printed(capsys, "--runs", str(tmp_path), "--validation_gamma", "bigram", "0")[1] == "1"
+    code, _ = _printed(capsys, "--runs", str(tmp_path), "--validation_gamma", "small", "1")
+    assert code == 2  # no validation run at T = 1
+    # The test run times only those gammas, against its own plain baseline.
+    _benchmark(
+        tmp_path / "benchmark_test_t0", 0.0,
+        [_point("small", 2, 1.07, 1.06, [0.98, 1.15]), _point("bigram", 1, 0.97, 0.96)],
+        plain_tokens=12.0,
+    )  # fmt: skip
+    rows = {r["draft"]: r for r in ende_report.benchmark_table(tmp_path)}
+    small = rows["small"]
+    assert (small["gamma"], small["gamma_from"], small["speedup"]) == (2, "validation", 1.07)
+    assert small["speedup_ci95"] == [0.98, 1.15] and small["validation"]["speedup_mean"] == 1.10
+    assert small["verify_steps"] == pytest.approx(1.3)  # the test run's verify call, gamma 2
+    assert (small["mean_output_tokens"], small["plain_mean_output_tokens"]) == (12.5, 12.0)
+    assert rows["bigram"]["gamma"] == 1
+    assert _printed(capsys, "--runs", str(tmp_path), "--gamma_for", "small", "0")[1] == "2"
+    text = "\n".join(ende_report.table2_markdown(list(rows.values())))
+    assert "γ chosen on validation" in text and "Thm 3.8's best (the nearest swept)" not in text
+    line = next(x for x in text.splitlines() if x.startswith("| small |"))
+    assert "| 1.07x | 1.06x [0.98, 1.15] |" in line  # measured, then bootstrap mean [95% CI]
+    assert "| 12.5 / 12.0 |" in line and "| validation: 1.10x [1.04, 1.16]; Thm 3.8: " in line
+    head = next(x for x in text.splitlines() if x.startswith("| draft |"))
+    assert line.count("|") == head.count("|")  # as many cells as the header
+
+
+def test_table2_of_runs_from_before_the_validation_split(tmp_path, capsys):
+    # The one sweep on the test split, no bootstrap: Thm 3.8's gamma (alpha 0.4, c 0.05: 3 of
+    # 1..4) and the sweep's best beside it; a validation run alone does not replace it.
+    points = [_point("small", g, s) for g, s in ((1, 1.1), (2, 1.0), (3, 0.95), (4, 0.9))]
+    _benchmark(tmp_path / "benchmark_t0", 0.0, points)
+    _benchmark(tmp_path / "benchmark_validation_t0", 0.0, [_point("small", 1, 1.1, 1.1)])
+    (row,) = ende_report.benchmark_table(tmp_path)
+    theorem = metrics.optimal_gamma(0.4, 0.05, max_gamma=4)
+    assert (row["gamma"], row["gamma_from"], row["theorem_gamma"]) == (theorem, "Thm 3.8", theorem)
+    assert (row["best_gamma"], row["best_speedup"], row["speedup_ci95"]) == (1, 1.1, None)
+    assert _printed(capsys, "--runs", str(tmp_path), "--gamma_for", "small", "0")[1] == str(theorem)
+    text = "\n".join(ende_report.table2_markdown([row]))
+    assert "γ chosen on validation" not in text
+    assert "| Thm 3.8; best measured 1.10x (1) |" in text
+    assert f"| {theorem} | 0.400 |" in text and "| 1.00x |  | 1.00x |" in text  # no CI recorded
+
+
+def test_a_test_run_without_the_validation_gamma_is_an_error(tmp_path):
+    _benchmark(tmp_path / "benchmark_validation_t0", 0.0, [_point("small", 3, 1.1, 1.1)])
+    _benchmark(tmp_path / "benchmark_test_t0", 0.0, [_point("small", 2, 1.0, 1.0)])
+    with pytest.raises(SystemExit, match="benchmark_test_t0/benchmark.json: .*gamma 3"):
+        ende_report.benchmark_table(tmp_path)

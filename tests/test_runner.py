@@ -107,11 +107,15 @@ def test_run_batches_compiles_once_per_shape_and_times_apart():
     assert [r.outputs for r in results] == [{"a": 8, "b": 8}, {"a": 16, "b": 16}, {"a": 8, "b": 8}]
     assert [r.compile_s for r in results] == [{"a": 1.5, "b": 1.5}, {"a": 1.5, "b": 1.5}, {}]
     assert all(set(r.seconds) == {"a", "b"} and min(r.seconds.values()) >= 0 for r in results)
+    assert all(r.repeat_seconds == {n: [r.seconds[n]] for n in "ab"} for r in results)
     # Without warm-up or repeats: compile then one run, program by program, batch by batch.
     assert calls[:4] == [("compile", "a", 8), ("run", "a", 8), ("compile", "b", 8), ("run", "b", 8)]
     assert calls[-2:] == [("run", "a", 8), ("run", "b", 8)]
     calls.clear()
-    list(runner.run_batches(programs, batches[:1], repeats=3, warmup=True))
+    (result,) = runner.run_batches(programs, batches[:1], repeats=3, warmup=True)
+    # Every timed run kept, in order; the median is one of them.
+    assert {n: len(t) for n, t in result.repeat_seconds.items()} == {"a": 3, "b": 3}
+    assert all(result.seconds[n] == sorted(t)[1] for n, t in result.repeat_seconds.items())
     assert (
         calls
         == [("compile", "a", 8)]

@@ -6,7 +6,7 @@ the prefill alone (`Prefill`, which the benchmark times to report decode-only sp
 with `compile(batch, rng) -> (run(batch, rng), seconds)` will do. `run_batches` runs every program
 on batch j before batch j + 1, so drifting machine load hits them all alike, and yields one
 `BatchRun` per batch; the caller writes, prints or pools it (the inference job appends rows to its
-output, the demo prints completions, the benchmark takes medians).
+output, the demo prints completions, the benchmark keeps every repeat and the medians).
 """
 
 from __future__ import annotations
@@ -154,11 +154,14 @@ class BatchRun:
     seconds: program -> wall seconds of one run (the median over repeats), compilation excluded.
     compile_s: program -> seconds spent compiling it for this batch; only programs that met the
       batch's shape for the first time are present.
+    repeat_seconds: program -> the wall seconds of each of its `repeats` runs, in order (what
+      the median is of; the benchmark bootstraps its speedups from them).
     """
 
     outputs: dict[Hashable, Any]
     seconds: dict[Hashable, float]
     compile_s: dict[Hashable, float]
+    repeat_seconds: dict[Hashable, list[float]] = dataclasses.field(default_factory=dict)
 
 
 def run_batches(
@@ -177,7 +180,7 @@ def run_batches(
     compiled: dict[tuple[Hashable, tuple[int, ...]], Run] = {}
     for batch, rng in batches:
         shape = tuple(inputs.input_tokens(batch).shape)
-        outputs, seconds, compile_s = {}, {}, {}
+        outputs, seconds, compile_s, repeat_seconds = {}, {}, {}, {}
         for program in programs.values():
             if hasattr(program, "validate"):
                 program.validate(batch)
@@ -198,4 +201,5 @@ def run_batches(
                 e.program = name
                 raise
             seconds[name] = statistics.median(times)
-        yield BatchRun(outputs, seconds, compile_s)
+            repeat_seconds[name] = times
+        yield BatchRun(outputs, seconds, compile_s, repeat_seconds)

@@ -165,6 +165,11 @@ def measure_cell(
         **{k: v for k, v in costs.items() if k != "draft_costs"},
         # Prefill included, so at batch 1 an upper bound on one plain step.
         "plain_s_per_token": points[0].plain_s / points[0].plain_tokens,
+        # The one plain baseline's every timed run [batches][repeats], tokens per batch and per
+        # example: what each point's speedup interval is paired with.
+        "plain_batch_repeat_s": timed["plain"].batch_repeat_seconds,
+        "plain_batch_tokens": timed["plain"].batch_tokens,
+        "plain_mean_output_tokens": timed["plain"].mean_output_tokens,
         # alpha, c and the optimal gamma of the first variant (the only one without variants).
         "alpha": first["alpha"],
         "c": first["c"],

@@ -24,22 +24,40 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Timed:
-    """One program over all batches: seconds (sum of per-batch medians), batch_seconds, compile_s;
-    tokens and outputs only for programs that return a DecodeOutput."""
+    """One program over all batches: seconds (sum of per-batch medians), batch_seconds (the
+    medians), batch_repeat_seconds [batches][repeats] (every timed run), compile_s; tokens,
+    batch_tokens [batches], rows (examples decoded) and outputs only for programs that return a
+    DecodeOutput."""
 
     seconds: float = 0.0
     batch_seconds: list[float] = dataclasses.field(default_factory=list)
+    batch_repeat_seconds: list[list[float]] = dataclasses.field(default_factory=list)
     compile_s: float = 0.0
     tokens: int = 0
+    batch_tokens: list[int] = dataclasses.field(default_factory=list)
+    rows: int = 0
     outputs: list[decoding.DecodeOutput] = dataclasses.field(default_factory=list)
 
-    def add(self, output: Any, seconds: float, compile_s: float) -> None:
+    def add(
+        self, output: Any, seconds: float, compile_s: float, repeats: list[float] | None = None
+    ) -> None:
+        """One batch: its output, median seconds, compile seconds and every repeat's seconds
+        (None: the median alone)."""
         self.seconds += seconds
         self.batch_seconds.append(seconds)
+        self.batch_repeat_seconds.append(list(repeats) if repeats is not None else [seconds])
         self.compile_s += compile_s
         if isinstance(output, decoding.DecodeOutput):
-            self.tokens += int(np.sum(output.lengths))
+            lengths = np.asarray(output.lengths)  # [B]
+            self.tokens += int(np.sum(lengths))
+            self.batch_tokens.append(int(np.sum(lengths)))
+            self.rows += int(lengths.shape[0])
             self.outputs.append(output)
+
+    @property
+    def mean_output_tokens(self) -> float:
+        """Tokens generated per example (decoded row), over every batch."""
+        return self.tokens / self.rows if self.rows else float("nan")
 
 
 def interleaved_timings(
@@ -51,17 +69,18 @@ def interleaved_timings(
     """Times every program on every batch, all programs on batch j before batch j+1.
 
     A program is compiled once per batch shape (prompt width), on first use, and warmed up once
-    (not timed); a batch's time is the median of `repeats` runs. Interleaving puts the plain
-    baseline and each gamma under the same machine conditions (a drift in load or clock affects
-    all of them alike).
+    (not timed); a batch's time is the median of `repeats` runs, each run kept too (the speedups'
+    bootstrap intervals draw from them). Interleaving puts the plain baseline and each gamma
+    under the same machine conditions (a drift in load or clock affects all of them alike).
     """
     timed = {name: Timed() for name in programs}
     runs = runner.run_batches(programs, zip(batches, rngs), repeats=repeats, warmup=True)
     for j, (batch, result) in enumerate(zip(batches, runs)):
         for name in programs:
             timed[name].add(
-                result.outputs[name], result.seconds[name], result.compile_s.get(name, 0.0)
-            )
+                result.outputs[name], result.seconds[name], result.compile_s.get(name, 0.0),
+                result.repeat_seconds[name],
+            )  # fmt: skip
         shape = tuple(inputs.input_tokens(batch).shape)
         seconds = ", ".join(f"{label(n)} {result.seconds[n]:.1f}s" for n in programs)
         log.info(f"batch {j + 1}/{len(batches)} {shape}: {seconds}")

@@ -13,13 +13,18 @@ from speculative import metrics
 from speculative.job_config import Variant
 from speculative.jobs.benchmark.harness import Timed
 from speculative.jobs.benchmark.settings import verify_tokens
+from speculative.measure import bootstrap
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
     """One gamma of a cell against the cell's plain baseline (benchmark.json's points).
 
-    *_s: seconds summed over the batches; *_batch_s: per batch (median of the repeats).
+    *_s: seconds summed over the batches; *_batch_s: per batch (median of the repeats);
+    speculative_batch_repeat_s: every timed run, [batches][repeats]; speculative_batch_tokens:
+    tokens per batch; speculative_mean_output_tokens: tokens per example (the cell holds the same
+    three of its plain baseline). speedup_mean, speedup_ci95: the bootstrap mean and 95% interval
+    of the speedup over inputs and repeats (`measure.bootstrap`, paired with the plain baseline).
     decode_speedup: both prefills subtracted (the draft's too), the decode loops alone, as Thm 3.8
     models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
     round_s: measured seconds per speculative round (decode time without the prefills / rounds,
@@ -50,7 +55,12 @@ class Point:
     speculative_batch_s: list[float]
     speculative_tok_s: float
     speculative_compile_s: float
+    speculative_batch_repeat_s: list[list[float]]
+    speculative_batch_tokens: list[int]
+    speculative_mean_output_tokens: float
     speedup: float
+    speedup_mean: float
+    speedup_ci95: list[float]
     decode_speedup: float
     predicted_speedup: float
     cost_model_speedup: float
@@ -100,6 +110,23 @@ def _round_costs(
     return verify_s, metrics.speedup_from_tau(summary["tau"], gamma, costs["c"]), 0.0
 
 
+def speedup_spread(plain: Timed, spec: Timed) -> dict[str, Any]:
+    """The Point fields behind a speedup's interval: the speculative program's every run
+    [batches][repeats], tokens per batch and per example, and the bootstrap mean and 95% interval
+    of its speedup over the plain baseline's runs (paired by batch)."""
+    interval = bootstrap.speedup_interval(
+        plain.batch_repeat_seconds, plain.batch_tokens,
+        spec.batch_repeat_seconds, spec.batch_tokens,
+    )  # fmt: skip
+    return {
+        "speculative_batch_repeat_s": spec.batch_repeat_seconds,
+        "speculative_batch_tokens": spec.batch_tokens,
+        "speculative_mean_output_tokens": spec.mean_output_tokens,
+        "speedup_mean": interval.mean,
+        "speedup_ci95": [interval.lo, interval.hi],
+    }
+
+
 def make_point(
     gamma: int,
     plain: Timed,
@@ -140,6 +167,7 @@ def make_point(
         speculative_tok_s=spec_tok_s,
         speculative_compile_s=spec.compile_s,
         speedup=spec_tok_s / plain_tok_s,
+        **speedup_spread(plain, spec),
         decode_speedup=(plain_decode_s / plain.tokens) / (spec_decode_s / spec.tokens),
         predicted_speedup=predicted,
         cost_model_speedup=metrics.cost_model_speedup(

@@ -1,0 +1,103 @@
+"""A speedup's uncertainty: its mean and 95% percentile-bootstrap interval from the per-batch
+repeat times and token counts of the plain and the speculative program (numpy only).
+
+The benchmark times both programs on the same batches, interleaved, `repeats` times each. Two
+things vary between a rerun and this one: which inputs were drawn (a batch is the unit: at batch
+1, one input) and the machine's noise on each run. A resample reproduces both: it draws the
+batches with replacement, the same draw for both programs (paired: a long input is long for both,
+so its time cancels in the ratio), and for every drawn batch and program one of its repeats at
+random. A resample's speedup is the ratio of throughputs,
+
+    (spec tokens / spec seconds) / (plain tokens / plain seconds),
+
+summed over its drawn batches, so it holds at T > 0 where the two programs' outputs differ in
+length (at T = 0 the tokens are equal and it is the ratio of times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+RESAMPLES = 2000
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """mean: the mean speedup over the resamples; lo, hi: their 2.5th and 97.5th percentiles."""
+
+    mean: float
+    lo: float
+    hi: float
+
+
+def _times(seconds: Sequence[Sequence[float]], role: str) -> np.ndarray:
+    """[B, R] seconds of one program: B batches, R repeats each (every batch the same R)."""
+    try:
+        times = np.asarray(seconds, dtype=np.float64)
+    except ValueError:  # ragged: batches with different repeat counts
+        raise ValueError(
+            f"{role} repeat times: every batch needs the same number of repeats"
+        ) from None
+    if times.ndim != 2 or times.shape[0] == 0 or times.shape[1] == 0:
+        raise ValueError(f"{role} repeat times must be [batches][repeats], got shape {times.shape}")
+    if not np.all(np.isfinite(times)) or np.any(times <= 0):
+        raise ValueError(f"{role} repeat times must be finite and > 0")
+    return times
+
+
+def speedup_resamples(
+    plain_s: Sequence[Sequence[float]],
+    plain_tokens: Sequence[int],
+    spec_s: Sequence[Sequence[float]],
+    spec_tokens: Sequence[int],
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> np.ndarray:
+    """[resamples] bootstrap speedups (module docstring) of speculative over plain decoding.
+
+    plain_s [B, R_plain], spec_s [B, R_spec]: each program's seconds per batch and repeat, the
+    same B batches in the same order; plain_tokens [B], spec_tokens [B]: tokens each program
+    generated per batch. The same seed gives the same resamples.
+    """
+    plain, spec = _times(plain_s, "plain"), _times(spec_s, "speculative")
+    plain_tok = np.asarray(plain_tokens, dtype=np.float64)
+    spec_tok = np.asarray(spec_tokens, dtype=np.float64)
+    batches = plain.shape[0]
+    if spec.shape[0] != batches or plain_tok.shape != (batches,) or spec_tok.shape != (batches,):
+        raise ValueError(
+            f"plain and speculative must cover the same batches: times {plain.shape} / "
+            f"{spec.shape}, tokens {plain_tok.shape} / {spec_tok.shape}"
+        )
+    if plain_tok.sum() <= 0:
+        raise ValueError("plain decoding generated no tokens: no speedup to estimate")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, batches, size=(resamples, batches))  # [N, B], shared: paired
+    plain_rep = rng.integers(0, plain.shape[1], size=(resamples, batches))
+    spec_rep = rng.integers(0, spec.shape[1], size=(resamples, batches))
+    plain_secs = plain[drawn, plain_rep].sum(axis=1)  # [N]
+    spec_secs = spec[drawn, spec_rep].sum(axis=1)
+    # A resample of only token-less plain batches has no plain throughput: inf, kept visible.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (spec_tok[drawn].sum(axis=1) / spec_secs) / (
+            plain_tok[drawn].sum(axis=1) / plain_secs
+        )
+
+
+def speedup_interval(
+    plain_s: Sequence[Sequence[float]],
+    plain_tokens: Sequence[int],
+    spec_s: Sequence[Sequence[float]],
+    spec_tokens: Sequence[int],
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> Interval:
+    """The bootstrap mean and 95% percentile interval of the speedup (`speedup_resamples`)."""
+    values = speedup_resamples(plain_s, plain_tokens, spec_s, spec_tokens, resamples, seed)
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return Interval(float(np.mean(values)), float(lo), float(hi))
