@@ -345,7 +345,8 @@ def _first_variant(cell: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _speedup_vs_gamma(ax, cells: list[Mapping[str, Any]]) -> None:
-    """Measured speedups (dots) and the Thm 3.8 curve (dashed) of each batch size."""
+    """Measured speedups (dots), their bootstrap 95% intervals (bars, where recorded) and the
+    Thm 3.8 curve (dashed) of each batch size."""
     from matplotlib.ticker import MaxNLocator
 
     for i, cell in enumerate(cells):
@@ -353,6 +354,15 @@ def _speedup_vs_gamma(ax, cells: list[Mapping[str, Any]]) -> None:
         gammas = [p["gamma"] for p in cell["points"]]
         speedups = [p["speedup"] for p in cell["points"]]
         ax.plot(gammas, speedups, "o", color=color, label=f"{label} measured")
+        bars = [p for p in cell["points"] if p.get("speedup_ci95") is not None]
+        if bars:  # the bootstrap mean with its 95% interval (absent in older benchmark.json)
+            means = np.array([p["speedup_mean"] for p in bars])
+            lo, hi = np.array([p["speedup_ci95"] for p in bars]).T
+            xs = [p["gamma"] + 0.08 for p in bars]  # beside the measured dot, not over it
+            yerr = [means - lo, hi - means]
+            ax.errorbar(
+                xs, means, yerr, fmt="none", ecolor=color, capsize=3, label=f"{label} 95% CI"
+            )
         grid = np.arange(1, max(gammas) + 1)
         predicted = [metrics.predicted_speedup(cell["alpha"], int(g), cell["c"]) for g in grid]
         theorem = f"{label} Thm 3.8 (α={cell['alpha']:.2f}, c={cell['c']:.2f})"
