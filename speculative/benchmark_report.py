@@ -354,21 +354,23 @@ def _speedup_vs_gamma(ax, cells: list[Mapping[str, Any]]) -> None:
         gammas = [p["gamma"] for p in cell["points"]]
         speedups = [p["speedup"] for p in cell["points"]]
         ax.plot(gammas, speedups, "o", color=color, label=f"{label} measured")
-        bars = [p for p in cell["points"] if p.get("speedup_ci95") is not None]
-        if bars:  # the bootstrap mean with its 95% interval (absent in older benchmark.json)
-            means = np.array([p["speedup_mean"] for p in bars])
+        bars = [p for p in cell["points"] if _finite_interval(p)]
+        if bars:  # the 95% interval (absent in older benchmark.json): a line from lo to hi,
+            # not mean ± error: a skewed bootstrap's mean may lie outside its percentiles
             lo, hi = np.array([p["speedup_ci95"] for p in bars]).T
             xs = [p["gamma"] + 0.08 for p in bars]  # beside the measured dot, not over it
-            yerr = [means - lo, hi - means]
-            ax.errorbar(
-                xs, means, yerr, fmt="none", ecolor=color, capsize=3, label=f"{label} 95% CI"
-            )
+            ax.vlines(xs, lo, hi, colors=color, label=f"{label} 95% CI")
         grid = np.arange(1, max(gammas) + 1)
         predicted = [metrics.predicted_speedup(cell["alpha"], int(g), cell["c"]) for g in grid]
         theorem = f"{label} Thm 3.8 (α={cell['alpha']:.2f}, c={cell['c']:.2f})"
         ax.plot(grid, predicted, "--", color=color, label=theorem)
     ax.set(xlabel="γ", ylabel="speedup over plain decoding")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _finite_interval(point: Mapping[str, Any]) -> bool:
+    interval = point.get("speedup_ci95")
+    return interval is not None and bool(np.all(np.isfinite(interval)))
 
 
 def _speedup_vs_batch(ax, cells: list[Mapping[str, Any]]) -> None:
