@@ -83,12 +83,14 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gin_file", required=True)
+    parser.add_argument(
+        "--gin_file", action="append", required=True, help="a gin file; later files override"
+    )
     parser.add_argument("--predictions", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--binding", action="append", default=[], help="a gin binding")
     args = parser.parse_args(argv)
-    gin_flags.parse_gin([args.gin_file], ["OUTPUT_DIR = None", *args.binding])
+    gin_flags.parse_gin(args.gin_file, ["OUTPUT_DIR = None", *args.binding])
     result = alpha_over_outputs(job_config.InferConfig(), args.predictions)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -129,7 +129,7 @@ def distillation_pairs(prediction_dirs: Sequence[pathlib.Path]) -> list[tuple[st
 
 
 def _run_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
-    pairs = []
+    pairs, empty = [], 0
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             where = f"{path}:{line_no}"
@@ -140,8 +140,11 @@ def _run_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
                 raise JobError(
                     f"not a predictions row ({e!r})", role="labels", path=where
                 ) from None
-            if not source.startswith(TASK_PREFIX) or not output:
+            if not source.startswith(TASK_PREFIX):
                 raise JobError("not a translation of a prefixed input", role="labels", path=where)
+            if not output:  # a sample that ends at once: no sentence to train on
+                empty += 1
+                continue
             if row.get("exact") is False:
                 raise JobError(
                     f"decoded lossily (lenience {row.get('lenience')}): not the target's own "
@@ -152,6 +155,8 @@ def _run_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
             if "\t" in output or "\n" in output:
                 output = " ".join(output.split())
             pairs.append((source[len(TASK_PREFIX) :], output))
+    if empty:
+        log.info(f"{path}: {empty} empty translation(s) left out")
     return pairs
 
 

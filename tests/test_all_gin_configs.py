@@ -145,6 +145,8 @@ def test_gin_file_parses_and_binds(path):
         files = ["configs/repro/base.gin", _rel(path)]
     elif _rel(path) in ("configs/repro/base.gin", "configs/repro/models.gin"):
         files = ["configs/runs/infer.gin", _rel(path), "configs/repro/drafts/small.gin"]
+    elif _rel(path) == "configs/repro/ende_big.gin":  # an overlay: after a row
+        files = ["configs/repro/ende_t0_small.gin", _rel(path)]
     else:
         files = _job_files(path)
     _parse_binding_required_to_none(files)
@@ -291,3 +293,25 @@ def test_repro_benchmark_takes_each_drafts_gamma_from_the_command_line():
 def test_paper_checkpoints_are_required_macros():
     with pytest.raises(JobError, match="DRAFT_CHECKPOINT, OUTPUT_DIR, TARGET_CHECKPOINT"):
         gin_flags.parse_gin(["configs/paper/ende_t0_small.gin"])
+
+
+@pytest.mark.parametrize("draft", [*REPRO_DRAFTS, "bigram"])
+def test_repro_big_corpus_overlay_rebinds_every_path(draft):
+    """configs/repro/ende_big.gin after a row (CORPUS=big scripts/reproduce_ende.sh): the same
+    models, every checkpoint, task file and vocabulary read from the larger corpus's runs."""
+    # the regularised target's model, without its training-only dropout
+    target = dataclasses.replace(_trained_model_config("ende_target_regularised"), dropout_rate=0.0)
+    trained = _trained_model_config(REPRO_DRAFTS[draft]) if draft in REPRO_DRAFTS else None
+    _parse_binding_required_to_none(
+        [f"configs/repro/ende_t0_{draft}.gin", "configs/repro/ende_big.gin"]
+    )
+    cfg = job_config.InferConfig()
+    assert cfg.target.model.config == target
+    assert cfg.target.path == "runs/ende_big/target_regularised"
+    if trained is not None:
+        assert cfg.draft.model.config == trained
+        assert cfg.draft.path.startswith(f"runs/ende_big/draft_{draft}")
+    assert cfg.vocabulary.path == "data/ende_big/spm.model"
+    assert cfg.compilation_cache_dir.startswith("runs/ende_big/")
+    assert gin.query_parameter("speculative.ende_task.data_dir") == "data/ende_big"
+    assert gin.query_parameter("speculative.ende_task.vocabulary") == "data/ende_big/spm.model"

@@ -76,7 +76,12 @@ def test_distillation_pairs_are_the_targets_translations(tmp_path):
         ],
     )
     sampled = _predictions(
-        tmp_path / "t1", [{"index": 0, "inputs": prefix + "A cat.", "output": " Katze."}]
+        tmp_path / "t1",
+        [
+            {"index": 0, "inputs": prefix + "A cat.", "output": " Katze."},
+            # a sample that drew EOS first: a real output, but no sentence to train on
+            {"index": 1, "inputs": prefix + "A dog.", "output": " "},
+        ],
     )
     out = tmp_path / "distill.tsv"
     assert ende_data.main(["--labels_from", str(greedy), str(sampled), "--labels_out", str(out)])
