@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -21,7 +22,11 @@ from typing import Any
 
 from speculative import benchmark_report, provenance
 
-MODELS = ("target", "draft_small", "draft_base", "draft_large", "draft_small_distilled")
+# the dictionary corpus trains `target`, the larger one `target_regularised`
+MODELS = (
+    "target", "target_regularised", "draft_small", "draft_base", "draft_large",
+    "draft_small_distilled",
+)  # fmt: skip
 DRAFTS = ("small", "base", "large", "small_distilled", "unigram", "bigram")
 TEMPERATURES = (0, 1)
 # Leviathan et al. (ICML 2023), Table 2, EnDe, T5-XXL target: (draft, T) -> (gamma, alpha, speedup).
@@ -107,9 +112,24 @@ def models_table(runs: pathlib.Path, times: Mapping[str, int]) -> list[dict]:
                 "train_s": summary.get("train_s"),
                 "train_loss": summary.get("loss"),
                 "validation_loss": summary.get("validation_loss"),
+                **alone_bleu(runs, name),
             }
         )
     return rows
+
+
+def alone_bleu(runs: pathlib.Path, model: str) -> dict[str, Any]:
+    """BLEU of the model decoding the test split alone, greedily (runs/alone/<model>, written by
+    scripts/reproduce_ende.sh), and its mean output length; {} where that run is missing."""
+    path = runs / "alone" / model / "predictions.jsonl"
+    if not path.is_file() or _json(path.parent / "summary.json") is None:
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return {
+        "test_bleu": _bleu(rows),
+        "test_examples": len(rows),
+        "mean_output_tokens": statistics.mean(r["length"] for r in rows),
+    }
 
 
 def alpha_table(runs: pathlib.Path) -> list[dict]:
@@ -290,14 +310,18 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines = [
         "### Models",
         "",
-        "| model | parameters | steps | train wall | train loss | val loss |",
+        "| model | parameters | steps | train wall | train loss | val loss (perplexity) "
+        "| test BLEU, alone | mean output tokens |",
     ]
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for m in report["models"]:
         wall = "" if m["train_s"] is None else f"{m['train_s'] / 60:.1f} min"
+        loss = m["validation_loss"]
+        val = "" if loss is None else f"{loss:.3f} ({math.exp(loss):.1f})"
         lines.append(
             f"| {m['model']} | {m['parameters'] / 1e6:.2f}M | {m['steps']} | {wall} "
-            f"| {_fmt(m['train_loss'])} | {_fmt(m['validation_loss'])} |"
+            f"| {_fmt(m['train_loss'])} | {val} | {_fmt(m.get('test_bleu'), '.2f')} "
+            f"| {_fmt(m.get('mean_output_tokens'), '.1f')} |"
         )
     lines += ["", "### Table 3: α per draft (held-out splits, validation + test)", ""]
     lines += [

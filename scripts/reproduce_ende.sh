@@ -4,7 +4,8 @@
 #   data -> SentencePiece -> target + 3 drafts (optax) -> distillation labels -> distilled draft
 #   -> n-gram tables -> Table 3 alphas (speculative.infer) -> Table 2 timing (speculative.benchmark:
 #   gamma swept on the validation split, the chosen gamma timed on the test split)
-#   -> Table 2 rows and BLEU (speculative.infer over the test split) -> report
+#   -> Table 2 rows and BLEU (speculative.infer over the test split) -> each model's own BLEU
+#   -> report
 # Every step that finished is skipped on a rerun: a step counts as finished only once its command
 # exited 0 (scripts/steps.sh), so a step killed midway runs again (training resumes from its last
 # checkpoint, inference from its last written row). Wall time per step goes to $runs/times.tsv.
@@ -152,6 +153,15 @@ if [[ "$mode" != "report" ]]; then
       --gin.SEED=$seed "${rows_flags[@]}"
     infer "rows/t1_small_seed$seed" configs/repro/ende_t1_small.gin --gin.SEED=$seed \
       --gin.GAMMA="$gamma" "${rows_flags[@]}"
+  done
+
+  # Each model's own greedy translations of the test split, batched: the drafts' BLEU beside the
+  # target's (the report's model table).
+  infer "alone/$target_run" configs/repro/ende_t0_small.gin --gin.SPECULATIVE=False \
+    --gin.BATCH_SIZE=64
+  for d in small base large small_distilled; do
+    infer "alone/draft_$d" "configs/repro/ende_t0_$d.gin" --gin.SPECULATIVE=False \
+      --gin.BATCH_SIZE=64 --gin.TARGET_MODEL="@$d/t5.T5()" --gin.TARGET_CHECKPOINT="%${d^^}_CHECKPOINT"
   done
 fi
 

@@ -137,3 +137,34 @@ def test_a_test_run_without_the_validation_gamma_is_an_error(tmp_path):
     _benchmark(tmp_path / "benchmark_test_t0", 0.0, [_point("small", 2, 1.0, 1.0)])
     with pytest.raises(SystemExit, match="benchmark_test_t0/benchmark.json: .*gamma 3"):
         ende_report.benchmark_table(tmp_path)
+
+
+def test_models_table_reports_each_models_own_test_bleu(tmp_path):
+    """Each trained model's row: its validation perplexity and the BLEU of its own greedy
+    translations of the test split (runs/alone/<model>); no BLEU where that run is missing."""
+    pytest.importorskip("sacrebleu", reason="the repro extra is not installed")
+    for name in ("target_regularised", "draft_small"):
+        summary = {"parameters": 1_000_000, "steps": 10, "loss": 2.0, "validation_loss": 2.5}
+        _result(tmp_path / name / "summary.json", None)
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    alone = tmp_path / "alone" / "target_regularised"
+    alone.mkdir(parents=True)
+    rows = [
+        {
+            "output": "Das ist ein kleines Haus .",
+            "targets": "Das ist ein kleines Haus .",
+            "length": 7,
+        },
+        {"output": "Ein Hund schläft hier .", "targets": "Eine Katze schläft dort .", "length": 5},
+    ]
+    (alone / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _result(alone / "summary.json", None)
+    models = {m["model"]: m for m in ende_report.models_table(tmp_path, {})}
+    assert set(models) == {"target_regularised", "draft_small"}
+    target = models["target_regularised"]
+    assert 0.0 < target["test_bleu"] < 100.0  # one exact and one partly wrong translation
+    assert target["test_examples"] == 2 and target["mean_output_tokens"] == 6.0
+    assert "test_bleu" not in models["draft_small"]
+    report = {"models": list(models.values()), "alpha": [], "benchmark": [], "rows": []}
+    text = ende_report.markdown({**report, "seed_bleu": {}})
+    assert f"| 2.500 (12.2) | {target['test_bleu']:.2f} | 6.0 |" in text
