@@ -120,7 +120,7 @@ if [[ "$mode" != "report" ]]; then
   # of the sweep on the inputs it is reported on would bias the speedup upward), still against
   # one plain baseline per temperature.
   drafts=(small base large small_distilled unigram bigram)
-  bench=(--gin_file=configs/repro/benchmark.gin "${repro_flags[@]}" --gin.NGRAM_TABLES="'$runs/ngram.npz'")
+  bench=(--gin_file=configs/repro/benchmark.gin "${repro_flags[@]}")
   for t in 0 1; do
     step "benchmark validation sweep T=$t" "$py" -m speculative.benchmark \
       "${bench[@]}" --gin.INPUT_FILE="'$data/validation.jsonl'" \

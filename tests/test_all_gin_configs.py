@@ -311,7 +311,19 @@ def test_repro_big_corpus_overlay_rebinds_every_path(draft):
     if trained is not None:
         assert cfg.draft.model.config == trained
         assert cfg.draft.path.startswith(f"runs/ende_big/draft_{draft}")
+    else:
+        assert cfg.draft.tables == "runs/ende_big/ngram.npz"
     assert cfg.vocabulary.path == "data/ende_big/spm.model"
     assert cfg.compilation_cache_dir.startswith("runs/ende_big/")
     assert gin.query_parameter("speculative.ende_task.data_dir") == "data/ende_big"
     assert gin.query_parameter("speculative.ende_task.vocabulary") == "data/ende_big/spm.model"
+
+
+def test_repro_big_corpus_overlay_rebinds_the_benchmarks_paths():
+    _parse_binding_required_to_none(["configs/repro/benchmark.gin", "configs/repro/ende_big.gin"])
+    cfg = job_config.BenchmarkConfig()
+    assert cfg.target.path == "runs/ende_big/target_regularised"
+    for variant in cfg.variants:
+        where = getattr(variant.draft, "path", None) or variant.draft.tables
+        assert where.startswith("runs/ende_big/"), (variant.name, where)
+    assert cfg.vocabulary.path == "data/ende_big/spm.model"
