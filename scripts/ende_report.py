@@ -414,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         "paper": {f"{d}_t{t}": v for (d, t), v in PAPER.items()},
         "paper_ngram_alpha": {f"{d}_t{t}": a for (d, t), a in PAPER_NGRAM_ALPHA.items()},
     }
+    if not any(report[part] for part in ("models", "alpha", "benchmark", "rows")):
+        # a report of nothing would overwrite the one the docs cite
+        print(
+            f"nothing to report in {args.runs}: run scripts/reproduce_ende.sh first",
+            file=sys.stderr,
+        )
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     text = markdown(report)

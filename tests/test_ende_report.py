@@ -168,3 +168,13 @@ def test_models_table_reports_each_models_own_test_bleu(tmp_path):
     report = {"models": list(models.values()), "alpha": [], "benchmark": [], "rows": []}
     text = ende_report.markdown({**report, "seed_bleu": {}})
     assert f"| 2.500 (12.2) | {target['test_bleu']:.2f} | 6.0 |" in text
+
+
+@pytest.mark.parametrize("runs", ["missing", "empty"])
+def test_a_report_of_no_runs_is_refused_and_writes_nothing(tmp_path, capsys, runs):
+    """reproduce_ende.sh report before any run (it creates the runs directory) must not replace
+    the committed report with an empty one."""
+    out = tmp_path / "report"
+    (tmp_path / "empty").mkdir()
+    assert ende_report.main(["--runs", str(tmp_path / runs), "--out", str(out)]) == 2
+    assert "nothing to report in" in capsys.readouterr().err and not out.exists()
