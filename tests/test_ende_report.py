@@ -141,21 +141,23 @@ def test_a_test_run_without_the_validation_gamma_is_an_error(tmp_path):
 
 def test_models_table_reports_each_models_own_test_bleu(tmp_path):
     """Each trained model's row: its validation perplexity and the BLEU of its own greedy
-    translations of the test split (runs/alone/<model>); no BLEU where that run is missing."""
+    translations of the test split (the target's: the plain T = 0 row; a draft's:
+    runs/alone/<model>); no BLEU where that run is missing."""
     pytest.importorskip("sacrebleu", reason="the repro extra is not installed")
+    summary = {"parameters": 1_000_000, "steps": 10, "loss": 2.0, "validation_loss": 2.5}
     for name in ("target_regularised", "draft_small"):
-        summary = {"parameters": 1_000_000, "steps": 10, "loss": 2.0, "validation_loss": 2.5}
-        _result(tmp_path / name / "summary.json", None)
+        (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
-    alone = tmp_path / "alone" / "target_regularised"
+    alone = tmp_path / "rows" / "t0_plain"  # the target's own greedy translations
     alone.mkdir(parents=True)
     rows = [
+        {"index": 0, "output": "Das ist ein Haus .", "targets": "Das ist ein Haus .", "length": 7},
         {
-            "output": "Das ist ein kleines Haus .",
-            "targets": "Das ist ein kleines Haus .",
-            "length": 7,
+            "index": 1,
+            "output": "Ein Hund schläft .",
+            "targets": "Eine Katze schläft .",
+            "length": 5,
         },
-        {"output": "Ein Hund schläft hier .", "targets": "Eine Katze schläft dort .", "length": 5},
     ]
     (alone / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     _result(alone / "summary.json", None)
