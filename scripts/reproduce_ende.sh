@@ -78,11 +78,10 @@ if [[ "$mode" != "report" ]]; then
   train ende_draft_large draft_large "${draft_steps[@]}"
 
   # Sequence-level distillation: the target's greedy and sampled translations of the train split
-  # (read from its .jsonl, so that the training half needs no seqio).
+  # (configs/repro/labels.gin reads its .jsonl, so that the training half needs no seqio).
   for t in 0 1; do
     infer "labels_t$t" configs/repro/labels.gin --gin.TEMPERATURE=$t.0 \
-      --gin.INPUT_FILE="'$data/train.jsonl'" --gin.MIXTURE_OR_TASK_NAME=None \
-      --gin.speculative.InferConfig.task_setup=None --gin.BATCH_SIZE=$labels_batch
+      --gin.INPUT_FILE="'$data/train.jsonl'" --gin.BATCH_SIZE=$labels_batch
   done
   step "distillation labels" "$py" -m speculative.ende_data \
     --labels_from "$runs/labels_t0" "$runs/labels_t1" --labels_out "$data/train_distill.tsv"
