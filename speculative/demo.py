@@ -41,7 +41,7 @@ from speculative import (
 from speculative.drafts import shortlist
 from speculative.errors import LOADER_ERRORS, JobError
 from speculative.measure import runner, timing
-from speculative.models import decoder
+from speculative.models import decoder, precision
 from speculative.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=32768,
         help="draft head scores only this many ids (Python stdlib counts + the prompts' ids); 0: all",
     )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="weights and activations; auto: bfloat16 where the machine has bfloat16 matrix "
+        "units (or an accelerator), else float32. Logits are float32 either way",
+    )
     parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (batch j: seed + j)")
     parser.add_argument(
@@ -110,11 +117,11 @@ class Model:
     vocabulary: vocab.Vocabulary
 
 
-def load(name: str) -> Model:
-    """A registry model, fetched on first use."""
+def load(name: str, dtype: str = "float32") -> Model:
+    """A registry model, fetched on first use, dequantised straight into `dtype`."""
     path = fetch.ensure_model(name)
     start = time.perf_counter()
-    config, params = checkpoints.load_gguf(path, dtype=jnp.float32)
+    config, params = checkpoints.load_gguf(path, dtype=jnp.dtype(dtype))
     log.info(
         f"loaded {name}: {config.num_layers} layers, emb {config.emb_dim}, "
         f"{sum(x.size for x in jax.tree.leaves(params)) / 1e9:.2f}B params "
@@ -279,6 +286,8 @@ def result_json(
         "draft": args.draft,
         "draft_shortlist": args.draft_shortlist,
         "batch_size": args.batch_size,
+        "dtype": precision.resolve_dtype(args.dtype),
+        "dtype_route": precision.resolve(args.dtype).reason,
         "gamma": gamma,
         "sampling": dataclasses.asdict(config.sampling),
         "tokens": decoded.tokens,
@@ -335,8 +344,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     logs.setup()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    dtype = precision.resolve_dtype(args.dtype)
     try:  # a damaged download, an unreadable file, two vocabularies: one line (run_job)
-        target, draft = load(args.target), load(args.draft)
+        target, draft = load(args.target, dtype), load(args.draft, dtype)
         vocab.check_compatible(draft.vocabulary, target.vocabulary)
     except LOADER_ERRORS as e:
         raise JobError(" ".join(str(e).split()), role="demo") from e
@@ -346,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.max_decode_len, target.vocabulary.stop_ids, sampling, args.gamma
     )
     log.info(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, float32, batch {args.batch_size}, "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, {dtype}, batch {args.batch_size}, "
         f"gamma {args.gamma}, {sampling}"
     )
     decoded = decode_prompts(target, draft, examples, config, args.batch_size, args.seed)

@@ -50,7 +50,7 @@ from speculative.errors import (
     loader_error,
     strip_path,
 )
-from speculative.models import decoder, padding, t5
+from speculative.models import decoder, padding, precision, t5
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
 
@@ -112,9 +112,15 @@ def where(spec: ModelSpec | VocabSpec) -> str:
 
 
 def resolved(spec: ModelSpec | DraftSpec, role: str = "model") -> ModelSpec | DraftSpec:
-    """spec, reading a training run's best checkpoint where its path is the run's directory
-    (format 't5x'; `checkpoints.best`): what is loaded and what outputs record agree."""
-    if not isinstance(spec, ModelSpec) or spec.format != "t5x" or not isinstance(spec.path, str):
+    """spec with dtype 'auto' resolved for this machine (`models.precision`, logged once) and a
+    training run's best checkpoint read where its path is the run's directory (format 't5x';
+    `checkpoints.best`): what is loaded and what outputs record agree."""
+    if not isinstance(spec, ModelSpec):
+        return spec
+    if spec.dtype == precision.AUTO:
+        chosen = precision.resolve_dtype(spec.dtype, has_route=not is_encoder_decoder(spec))
+        spec = dataclasses.replace(spec, dtype=chosen)
+    if spec.format != "t5x" or not isinstance(spec.path, str):
         return spec
     try:
         path = best.resolve(spec.path)
@@ -140,9 +146,13 @@ def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
     if spec.format not in FORMATS:
         raise JobError(f"{role}: unknown ModelSpec.format {spec.format!r}; known: {FORMATS}")
     try:
-        jnp.dtype(spec.dtype)
+        if spec.dtype != precision.AUTO:
+            jnp.dtype(spec.dtype)
     except TypeError as e:
-        raise JobError(f"{role}: unknown dtype {spec.dtype!r}") from e
+        raise JobError(
+            f"{role}: unknown dtype {spec.dtype!r} (float32, bfloat16, or 'auto': bfloat16 where "
+            "the machine runs it faster)"
+        ) from e
     needs_model = spec.format in ("t5x", "random")
     if needs_model and not hasattr(spec.model, "init_params"):
         raise JobError(f"{role}: format {spec.format!r} needs ModelSpec.model (e.g. %MODEL)")
@@ -177,7 +187,8 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
     spec = resolved(spec)
     head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
     if spec.format == "random":
-        return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {spec.model!r}{head}"
+        model = with_dtype(spec.model, spec.dtype)
+        return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {model!r}{head}"
     extra = f" as {spec.model!r}" if spec.model is not None else ""
     return f"{spec.format}:{spec.path} ({spec.dtype}){extra}{head}"
 

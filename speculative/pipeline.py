@@ -63,7 +63,7 @@ def infer_format(source: str) -> str:
     )
 
 
-def model_spec(source: str | ml.ModelSpec, model: Any = None, dtype: str = "float32") -> Any:
+def model_spec(source: str | ml.ModelSpec, model: Any = None, dtype: str = "auto") -> Any:
     """A `ModelSpec` for a name or path (a spec, or a `DraftSpec`, is returned as is)."""
     if not isinstance(source, str):
         return source
@@ -162,7 +162,7 @@ def load_pair(
     draft: str | ml.ModelSpec | ml.DraftSpec | None = None,
     *,
     vocabulary: ml.VocabSpec | None = None,
-    dtype: str = "float32",
+    dtype: str = "auto",
     target_model: Any = None,
     draft_model: Any = None,
 ) -> Pair:

@@ -213,26 +213,60 @@ def block_positions(
     return query_positions(state.index, length, ancestors)
 
 
+# Kernel dtypes that take the matrix-unit route in `dense` (docs/design.md §9).
+LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
+
+
 def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
 
-    One row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify block, a small
-    batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N, K] . x^T
-    [K, M] -> [N, M], and with M a multiple of 4, than in the x . W^T orientation
+    float32 kernel: one row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify
+    block, a small batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N,
+    K] . x^T [K, M] -> [N, M], and with M a multiple of 4, than in the x . W^T orientation
     (docs/benchmarks.md, "Verify call"). XLA folds a transpose of the result back into the slow
     orientation, so an optimisation barrier keeps the dot as written; the [N, M] -> [M, N]
     transpose that follows touches activations only.
+
+    bfloat16 kernel: the matrix-unit route (docs/design.md §9). The rows are cast to bfloat16 and
+    the product accumulates and returns float32 (`preferred_element_type`): XLA:CPU hands such a
+    dot of two or more rows to its fused library kernel (AMX / AVX512-BF16), 2-3x faster than
+    float32 rows, while one row, or a bfloat16 output, falls back to converting the whole kernel
+    to float32 on every call (8-10x slower). So one row is padded to two (the second is waste the
+    matrix unit does for free), and the weight stays the left operand: that orientation is
+    the faster one and gives every row bit-identical sums whatever the row count (2 to 16
+    measured), which keeps plain steps and verify blocks rounding alike.
+    Returns float32 on that route, else the promoted dtype of x and kernel.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
-    if m == 1:
+    low = kernel.dtype in LOW_PRECISION
+    if m == 1 and not low:
         y = jnp.einsum("mk,nk->mn", rows, kernel)
     else:
-        padded = -(-m // 4) * 4
+        padded = max(2, -(-m // 2) * 2) if low else -(-m // 4) * 4
         rows = jnp.pad(rows, ((0, padded - m), (0, 0)))
-        y = jax.lax.optimization_barrier(jnp.einsum("nk,mk->nm", kernel, rows)).T[:m]
+        if low:
+            rows = rows.astype(kernel.dtype)
+        product = jnp.einsum(
+            "nk,mk->nm", kernel, rows, preferred_element_type=jnp.float32 if low else None
+        )
+        y = jax.lax.optimization_barrier(product).T[:m]
     return y.reshape(*lead, kernel.shape[0])
+
+
+def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """Rows of an embedding table [V, E] for integer ids [...] -> [..., E], in the table's dtype.
+
+    A bfloat16 table is gathered as its uint16 bits: XLA:CPU widens a bfloat16 gather's whole
+    operand to float32, and inside a decode loop it hoists that conversion out of the loop, so
+    each decode call converted the full table (0.9 GB of float32 at Qwen2.5-1.5B) instead of
+    reading one row per token (docs/design.md §9).
+    """
+    if table.dtype in LOW_PRECISION:
+        bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), ids, axis=0)
+        return jax.lax.bitcast_convert_type(bits, table.dtype)
+    return jnp.take(table, ids, axis=0)
 
 
 def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:

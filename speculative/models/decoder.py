@@ -141,8 +141,9 @@ class Projection(nn.Module):
         # One 2-D dot [rows, in] x [out, in]: reshaping a row-major kernel is free, whereas a
         # multi-axis einsum let XLA:CPU copy the whole kernel into another layout on every call.
         rows = x.reshape(*x.shape[: x.ndim - self.in_dims], fan_in)
-        flat = kernel.reshape(math.prod(out_shape), fan_in).astype(x.dtype)
-        y = base.dense(rows, flat).reshape(*rows.shape[:-1], *out_shape)
+        # The kernel keeps its dtype: `base.dense` takes bfloat16 kernels through the matrix units.
+        flat = kernel.reshape(math.prod(out_shape), fan_in)
+        y = base.dense(rows, flat).astype(x.dtype).reshape(*rows.shape[:-1], *out_shape)
         if self.use_bias:
             y = y + _param(self, "bias", out_shape, self.axes[:split], 0.0).astype(x.dtype)
         return y
@@ -219,7 +220,7 @@ class DecoderStack(nn.Module):
             ),
             name="token_embedder",
         )
-        x = embedder(tokens).astype(dtype)
+        x = base.embed(embedder.embedding, tokens).astype(dtype)
         mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         new_cache = {}
         for i in range(cfg.num_layers):
@@ -249,7 +250,7 @@ class LogitsDense(nn.Module):
         kernel = _param(
             self, "kernel", (self.vocab_size, x.shape[-1]), ("vocab", "embed"), x.shape[-1] ** -0.5
         )
-        return base.dense(x, kernel.astype(jnp.float32))
+        return base.dense(x, kernel).astype(jnp.float32)
 
 
 class ShortlistHead(nn.Module):
@@ -278,7 +279,7 @@ class ShortlistHead(nn.Module):
             ),
             (self.head_tokens,),
         )
-        scores = base.dense(x, kernel.astype(jnp.float32))
+        scores = base.dense(x, kernel).astype(jnp.float32)
         logits = jnp.full((*x.shape[:-1], self.vocab_size), -jnp.inf, jnp.float32)
         return logits.at[..., token_ids].set(scores, unique_indices=True, indices_are_sorted=True)
 

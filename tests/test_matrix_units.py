@@ -1,0 +1,155 @@
+"""The bfloat16 matrix-unit route (docs/design.md §9): which dtype 'auto' picks on which machine,
+the dot that takes the route (float32 accumulation, one row padded to two, row-count-invariant
+sums), the embedding gather that does not widen the table, and greedy identity in bfloat16."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative import decoding, model_loading
+from speculative.errors import JobError
+from speculative.models import base, decoder, precision
+from tests import helpers
+
+AMX = frozenset({"fpu", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+NO_UNITS = frozenset({"fpu", "avx2", "avx512f"})
+
+
+def test_auto_picks_bfloat16_where_the_cpu_has_matrix_units():
+    route = precision.choose("auto", "cpu", AMX)
+    assert route.dtype == "bfloat16"
+    assert "amx_bf16" in route.reason and "avx512_bf16" in route.reason
+
+
+def test_auto_stays_float32_on_a_cpu_without_them_and_says_why():
+    route = precision.choose("auto", "cpu", NO_UNITS)
+    assert route.dtype == "float32"
+    assert "neither amx_bf16 nor avx512_bf16" in route.reason
+
+
+def test_auto_is_bfloat16_on_accelerators_and_explicit_dtypes_are_kept():
+    assert precision.choose("auto", "gpu", frozenset()).dtype == "bfloat16"
+    assert precision.choose("float32", "cpu", AMX) == precision.Route("float32", "float32 as asked")
+    slow = precision.choose("bfloat16", "cpu", NO_UNITS)
+    assert slow.dtype == "bfloat16" and "slower than float32" in slow.reason
+
+
+def test_auto_keeps_t5_in_float32_on_a_cpu():
+    route = precision.choose("auto", "cpu", AMX, has_route=False)
+    assert route.dtype == "float32" and "decoder-only" in route.reason
+    assert precision.choose("auto", "tpu", AMX, has_route=False).dtype == "bfloat16"
+    t5 = helpers.t5_1_1_small(num_decoder_layers=1, num_encoder_layers=1)
+    spec = model_loading.ModelSpec(format="random", model=t5, dtype="auto")
+    chosen = model_loading.resolved(spec).dtype
+    assert chosen == precision.resolve_dtype("auto", has_route=False)
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_bf16\n\nprocessor\t: 1\n")
+    assert precision.cpu_flags(info) == {"fpu", "avx512_bf16", "amx_bf16"}
+    assert precision.cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_model_spec_auto_loads_in_the_machines_dtype():
+    model = helpers.tiny_decoder_model(64, emb=32, layers=1, heads=2, kv_heads=1)
+    spec = model_loading.ModelSpec(format="random", model=model, dtype="auto")
+    loaded = model_loading.load_model(spec, "target")
+    chosen = precision.resolve_dtype("auto")
+    assert chosen in ("float32", "bfloat16")
+    assert loaded.model.config.dtype == chosen
+    assert {x.dtype for x in jax.tree.leaves(loaded.params)} == {jnp.dtype(chosen)}
+    assert f"dtype={chosen!r}" in loaded.description
+    with pytest.raises(JobError, match="unknown dtype 'half-ish'.*'auto'"):
+        model_loading.load_model(model_loading.ModelSpec("random", None, model, "half-ish"), "t")
+
+
+def _kernel_and_rows(n=96, k=160, m=8, seed=0):
+    rng = np.random.default_rng(seed)
+    kernel = jnp.asarray(rng.standard_normal((n, k)), jnp.bfloat16)
+    rows = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    return kernel, rows
+
+
+def test_bfloat16_dense_accumulates_in_float32():
+    kernel, rows = _kernel_and_rows()
+    y = base.dense(rows, kernel)
+    assert y.dtype == jnp.float32
+    exact = np.asarray(rows.astype(jnp.bfloat16), np.float64) @ np.asarray(kernel, np.float64).T
+    # float32 accumulation of bfloat16 products: far tighter than a bfloat16 output (~1e-2)
+    assert np.abs(np.asarray(y) - exact).max() < 1e-3 * np.abs(exact).max()
+
+
+def test_bfloat16_dense_rounds_every_row_alike_whatever_the_row_count():
+    """A plain step (one row, padded to two) and a verify block (several rows) must give a row
+    the same sums, or greedy identity would rest on luck at near-ties."""
+    kernel, rows = _kernel_and_rows(m=16)
+    alone = np.asarray(base.dense(rows[:1], kernel))[0]
+    for m in (1, 2, 3, 6, 8, 16):
+        assert np.array_equal(np.asarray(base.dense(rows[:m], kernel))[0], alone), m
+
+
+def _compiled_text(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_one_bfloat16_row_does_not_widen_the_kernel():
+    """One bfloat16 row would be a GEMV that converts the whole kernel to float32 on every call;
+    the route pads it to two rows, so no float32 array of the kernel's shape exists."""
+    kernel, rows = _kernel_and_rows(n=512, k=256)
+    text = _compiled_text(base.dense, rows[:1], kernel)
+    assert not re.search(r"f32\[512,256\]", text)
+    naive = _compiled_text(
+        lambda x, w: jnp.einsum("mk,nk->mn", x.astype(w.dtype), w), rows[:1], kernel
+    )
+    assert re.search(r"f32\[512,256\]", naive)  # the check can fail: the naive dot widens it
+
+
+def test_bfloat16_embedding_gather_is_not_widened_inside_a_loop():
+    model, params = helpers.tiny_decoder(1000, emb=64, layers=1, heads=2, kv_heads=1, seed=0)
+    model = decoder.DecoderLM(dataclasses.replace(model.config, dtype="bfloat16"))
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    batch = helpers.ragged_prompts(0, batch=1, width=4, vocab=1000)
+    state = model.init_state(params, batch, 32)
+
+    def steps(params, state, tokens):
+        def step(_, carry):
+            state, tokens = carry
+            logits, state = model.extend(params, state.replace(index=state.index - 1), tokens)
+            return state, jnp.argmax(logits, -1).astype(jnp.int32)
+
+        return jax.lax.fori_loop(0, 4, step, (state, tokens))
+
+    text = _compiled_text(steps, params, state, batch["prompt"][:, :1])
+    assert not re.search(r"f32\[1000,64\]", text)
+
+
+def _bf16_pair():
+    target, tp = helpers.tiny_decoder(97, emb=64, layers=2, heads=4, kv_heads=2, seed=1)
+    draft, dp = helpers.tiny_decoder(97, emb=32, layers=1, heads=2, kv_heads=1, seed=2)
+    cast = lambda m, p: (  # noqa: E731
+        decoder.DecoderLM(dataclasses.replace(m.config, dtype="bfloat16")),
+        jax.tree.map(lambda x: x.astype(jnp.bfloat16), p),
+    )
+    return cast(target, tp), cast(draft, dp)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"gamma": 1}, {"gamma": 7}, {"gamma": 3, "acceptance": "block"}, {"tree": (3, 2, 1)}],
+    ids=["gamma1", "gamma7", "block", "tree"],
+)
+def test_bfloat16_greedy_speculative_equals_bfloat16_plain(options):
+    (target, tp), (draft, dp) = _bf16_pair()
+    batch = helpers.ragged_prompts(3, batch=3, width=6, vocab=97)
+    eos = 5  # a frequent id among 97: rows stop inside draft blocks
+    plain = decoding.autoregressive_decode(target, tp, batch, max_decode_len=24, eos_id=eos)
+    spec = decoding.speculative_decode(
+        target, tp, draft, dp, batch, max_decode_len=24, eos_id=eos, **options
+    )
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(plain.lengths))
