@@ -12,8 +12,11 @@ machine's speed hit all of them alike. Load and compile times are reported apart
 every program are compared token for token with Hugging Face's plain greedy output. Hugging Face's
 assisted generation runs with its defaults (a dynamic number of assistant tokens) and with a
 constant `num_assistant_tokens` from --hf_assistant_tokens, and its prompt-lookup decoding runs
-with `prompt_lookup_num_tokens` from --hf_prompt_lookup_tokens; the best of them is the anchor
-("HF best").
+with `prompt_lookup_num_tokens` from --hf_prompt_lookup_tokens, each in every dtype of --hf_dtypes
+(torch's bfloat16 uses the same matrix units as ours); the best of them all is the anchor ("HF
+best"). Ours runs in --dtype ('auto': bfloat16 where the machine has bfloat16 matrix units), so
+"ours plain" is our fastest plain decoding. Greedy identity is checked against each side's own
+plain output of the same dtype (bfloat16 and float32 outputs may differ from each other).
 Writes compare_hf.json and compare_hf.md under --out.
 """
 
@@ -35,7 +38,7 @@ import numpy as np
 from speculative import checkpoints, decoding, fetch, inputs, vocab
 from speculative.drafts import shortlist
 from speculative.measure import runner, timing
-from speculative.models import decoder
+from speculative.models import decoder, precision
 from speculative.sampling import SamplingConfig
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -51,8 +54,9 @@ class Ours:
 
     def __init__(self, target_path, draft_path, width, args, prompts):
         start = time.perf_counter()
-        t_cfg, self.t_params = checkpoints.load_gguf(target_path)
-        d_cfg, d_params = checkpoints.load_gguf(draft_path)
+        self.dtype = precision.resolve_dtype(args.dtype)
+        t_cfg, self.t_params = checkpoints.load_gguf(target_path, dtype=jnp.dtype(self.dtype))
+        d_cfg, d_params = checkpoints.load_gguf(draft_path, dtype=jnp.dtype(self.dtype))
         self.target = decoder.DecoderLM(t_cfg)
         self.vocab = vocab.from_gguf(target_path)
         vocab.check_compatible(vocab.from_gguf(draft_path), self.vocab)
@@ -101,9 +105,9 @@ class Ours:
 
 
 class HuggingFace:
-    """transformers' generate on the same GGUF files (dequantised to float32 by transformers)."""
+    """transformers' generate on the same GGUF files (dequantised by transformers, in `dtype`)."""
 
-    def __init__(self, target_path, draft_path, args):
+    def __init__(self, target_path, draft_path, args, dtype: str = "float32"):
         import torch
         import transformers
 
@@ -113,7 +117,7 @@ class HuggingFace:
 
         def load(path):
             return transformers.AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32
+                path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
             ).eval()
 
         self.target, self.draft = load(target_path), load(draft_path)
@@ -180,7 +184,8 @@ def run(args) -> dict[str, Any]:
     draft_path = fetch.ensure_model(DRAFT)
     problems = inputs.humaneval_prompts()
     chosen = list(_parse_range(args.prompts))
-    hf = HuggingFace(target_path, draft_path, args)
+    hfs = {d: HuggingFace(target_path, draft_path, args, d) for d in args.hf_dtypes}
+    hf = next(iter(hfs.values()))
     ours_vocab = vocab.from_gguf(target_path)
     prompts = []
     for i in chosen:
@@ -193,7 +198,8 @@ def run(args) -> dict[str, Any]:
     ours = Ours(target_path, draft_path, width, args, prompts)
     stop_ids = vocab.stop_ids(ours.vocab)
     print(
-        f"loaded: ours {ours.load_s:.0f}s, transformers {hf.load_s:.0f}s (apart); "
+        f"loaded: ours ({ours.dtype}) {ours.load_s:.0f}s, transformers "
+        f"{', '.join(f'{d} {h.load_s:.0f}s' for d, h in hfs.items())} (apart); "
         f"prompts HumanEval/{chosen[0]}..{chosen[-1]}, width {width}, stop ids {stop_ids}",
         flush=True,
     )
@@ -217,11 +223,11 @@ def run(args) -> dict[str, Any]:
         for s in args.draft_shortlists
         for t in (tuple(int(w) for w in text.split(",")) for text in args.trees)
     ]
-    programs += [("hf plain", "hf", None), ("hf assisted default", "hf", "default")]
-    programs += [(f"hf assisted {n}", "hf", n) for n in args.hf_assistant_tokens]
-    programs += [
-        (f"hf prompt lookup {n}", "hf", ("lookup", n)) for n in args.hf_prompt_lookup_tokens
-    ]
+    for d in args.hf_dtypes:
+        side = _hf_side(d)
+        modes = [None, "default", *args.hf_assistant_tokens]
+        modes += [("lookup", n) for n in args.hf_prompt_lookup_tokens]
+        programs += [(_hf_name(d, mode), side, mode) for mode in modes]
     cells = []
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
@@ -235,10 +241,10 @@ def run(args) -> dict[str, Any]:
                 if side == "ours":
                     tokens, seconds, stats = ours.run(name, arg, ids, sampling, args.seed + j)
                 else:
-                    # one untimed call before the first timed one (torch has no compile step,
-                    # but allocates and picks kernels on first use)
-                    tokens, seconds, stats = hf.run(
-                        arg, ids, sampling, stop_ids, args.seed + j, bool(warm)
+                    # one untimed call before each program's first timed one (torch has no
+                    # compile step, but allocates and picks kernels on first use)
+                    tokens, seconds, stats = hfs[side.removeprefix("hf ")].run(
+                        arg, ids, sampling, stop_ids, args.seed + j, name in warm
                     )
                     warm.add(name)
                 r = rows[name]
@@ -252,24 +258,49 @@ def run(args) -> dict[str, Any]:
                 + ", ".join(f"{n} {rows[n]['seconds'][-1]:.1f}s" for n, _, _ in programs),
                 flush=True,
             )
-        cells.append(_summarize(temperature, programs, rows))
+        cells.append(_summarize(temperature, programs, rows, args.hf_dtypes))
         print(_markdown(cells[-1]), flush=True)
     return dict(
         prompts=[f"HumanEval/{i}" for i in chosen],
         max_new_tokens=args.max_new_tokens,
         batch_size=1,
-        dtype="float32",
+        dtype=ours.dtype,
+        dtype_route=precision.resolve(args.dtype).reason,
+        hf_dtypes=list(args.hf_dtypes),
         stop_ids=list(stop_ids),
-        load_s={"ours": ours.load_s, "hf": hf.load_s},
+        load_s={"ours": ours.load_s, **{_hf_side(d): h.load_s for d, h in hfs.items()}},
         compile_s=ours.compile_s,
         cells=cells,
         machine=dict(cpus=os.cpu_count(), platform=platform.platform()),
         versions=dict(jax=jax.__version__, **hf.versions),
+        cpu=_cpu_model(),
         xla_flags=os.environ.get("XLA_FLAGS", ""),
     )
 
 
-def _summarize(temperature, programs, rows) -> dict[str, Any]:
+def _hf_side(dtype: str) -> str:
+    return f"hf {dtype}"
+
+
+def _hf_name(dtype: str, mode: Any) -> str:
+    """hf plain / hf assisted default / hf assisted N / hf prompt lookup N, with a dtype tag
+    (float32 keeps the names of earlier runs)."""
+    tag = "" if dtype == "float32" else f" [{dtype}]"
+    if mode is None:
+        return f"hf plain{tag}"
+    if isinstance(mode, tuple):
+        return f"hf prompt lookup {mode[1]}{tag}"
+    return f"hf assisted {mode}{tag}"
+
+
+def _cpu_model() -> str:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
     table = {}
     for name, side, _ in programs:
         r = rows[name]
@@ -284,26 +315,31 @@ def _summarize(temperature, programs, rows) -> dict[str, Any]:
             tokens_per_target_call=tokens / max(r["target_calls"], 1),
             alpha=r["beta"] / r["verified"] if r["verified"] else None,
         )
+    own_plain = {"ours": "ours plain", **{_hf_side(d): _hf_name(d, None) for d in hf_dtypes}}
+    hf_plains = [own_plain[_hf_side(d)] for d in hf_dtypes]
+    fastest_hf_plain = max(hf_plains, key=lambda n: table[n]["tok_s"])
     for entry in table.values():
-        plain = table["ours plain" if entry["side"] == "ours" else "hf plain"]
-        entry["speedup_over_own_plain"] = entry["tok_s"] / plain["tok_s"]
-        entry["speedup_over_hf_plain"] = entry["tok_s"] / table["hf plain"]["tok_s"]
-    # HF best: its assisted generation (default and fixed lengths) and its prompt lookup
-    hf_assisted = {n: e for n, e in table.items() if e["side"] == "hf" and n != "hf plain"}
+        entry["speedup_over_own_plain"] = entry["tok_s"] / table[own_plain[entry["side"]]]["tok_s"]
+        entry["speedup_over_hf_plain"] = entry["tok_s"] / table[fastest_hf_plain]["tok_s"]
+    # HF best: its assisted generation (default and fixed lengths) and its prompt lookup, any dtype
+    hf_assisted = {n: e for n, e in table.items() if e["side"] != "ours" and n not in hf_plains}
     best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
     ours_spec = {n: e for n, e in table.items() if n.startswith("ours speculative")}
     best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
     identical = None
-    if temperature == 0.0:
-        reference = rows["hf plain"]["tokens"]
-        identical = {name: rows[name]["tokens"] == reference for name, _, _ in programs}
+    if temperature == 0.0:  # against the side's own plain output of the same dtype
+        identical = {
+            name: rows[name]["tokens"] == rows[own_plain[side]]["tokens"]
+            for name, side, _ in programs
+        }
     return dict(
         temperature=temperature,
         programs=table,
         best_hf_assisted=best_hf,
         best_ours_speculative=best_ours,
         ours_over_best_hf_assisted=table[best_ours]["tok_s"] / table[best_hf]["tok_s"],
-        greedy_identical_to_hf_plain=identical,
+        fastest_hf_plain=fastest_hf_plain,
+        greedy_identical_to_own_plain=identical,
     )
 
 
@@ -313,11 +349,11 @@ def _markdown(cell: dict[str, Any]) -> str:
         f" / best HF, assisted or prompt lookup ({cell['best_hf_assisted']}) = "
         f"{cell['ours_over_best_hf_assisted']:.2f}x",
         "",
-        "| program | tok/s | over own plain | over HF plain | tokens / target call | alpha "
-        "| greedy identical |",
+        f"| program | tok/s | over own plain | over {cell['fastest_hf_plain']} | tokens / target "
+        "call | alpha | greedy identical to own plain |",
         "|---|---|---|---|---|---|---|",
     ]
-    same = cell["greedy_identical_to_hf_plain"] or {}
+    same = cell.get("greedy_identical_to_own_plain") or {}
     for name, e in cell["programs"].items():
         alpha = "" if e["alpha"] is None else f"{e['alpha']:.3f}"
         lines.append(
@@ -354,6 +390,19 @@ def main() -> None:
         nargs="*",
         default=[10],
         help="prompt_lookup_num_tokens values of HF's prompt-lookup decoding (none: skip it)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="ours: auto picks bfloat16 where the machine has bfloat16 matrix units",
+    )
+    parser.add_argument(
+        "--hf_dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "bfloat16"],
+        help="torch dtypes Hugging Face's programs run in (each program in each)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/compare_hf")

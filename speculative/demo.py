@@ -38,7 +38,7 @@ from speculative import (
     provenance,
     vocab,
 )
-from speculative.drafts import shortlist
+from speculative.drafts import shortlist, staged
 from speculative.errors import LOADER_ERRORS, JobError
 from speculative.measure import runner, timing
 from speculative.models import decoder, precision
@@ -52,6 +52,44 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_model_arguments(parser)
+    parser.add_argument("--prompts", type=int, default=3, help="first N HumanEval problems")
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=1,
+        help="rows decoded together (each row accepts its own draft tokens)",
+    )
+    parser.add_argument(
+        "--max_decode_len", type=int, default=128, help="tokens generated at most per prompt"
+    )
+    parser.add_argument("--gamma", type=int, default=5, help="draft tokens proposed per round")
+    parser.add_argument(
+        "--tree",
+        default="",
+        help="a token tree per round instead of a chain of --gamma: widths per depth, e.g. "
+        "2,1,1,1,1,1 (docs/design.md §1, token trees); empty: the chain",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy (output identical to plain decoding); > 0: sampling",
+    )
+    parser.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest; 0: off")
+    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass; 1: off")
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (batch j: seed + j)")
+    parser.add_argument(
+        "--out",
+        default="outputs/demo.json",
+        help="where the run's numbers and completions are written (JSON)",
+    )
+    return parser.parse_args(argv)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's models: which, in what dtype, and the draft's head and staging."""
     models = sorted(fetch.MODELS)
     parser.add_argument(
         "--target",
@@ -65,30 +103,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=models,
         help="draft model (same vocabulary as the target)",
     )
-    parser.add_argument("--prompts", type=int, default=3, help="first N HumanEval problems")
-    parser.add_argument(
-        "--batch_size",
-        type=int,
-        default=1,
-        help="rows decoded together (each row accepts its own draft tokens)",
-    )
-    parser.add_argument(
-        "--max_decode_len", type=int, default=64, help="tokens generated at most per prompt"
-    )
-    parser.add_argument("--gamma", type=int, default=5, help="draft tokens proposed per round")
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="0: greedy (output identical to plain decoding); > 0: sampling",
-    )
-    parser.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest; 0: off")
-    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass; 1: off")
     parser.add_argument(
         "--draft_shortlist",
         type=int,
         default=32768,
         help="draft head scores only this many ids (Python stdlib counts + the prompts' ids); 0: all",
+    )
+    parser.add_argument(
+        "--staged",
+        type=int,
+        default=0,
+        help="staged drafting: prompt lookup proposes this many of the draft's tokens per draft "
+        "call, verified by the draft in one call (exact; chains only); 0: off",
     )
     parser.add_argument(
         "--dtype",
@@ -97,14 +123,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="weights and activations; auto: bfloat16 where the machine has bfloat16 matrix "
         "units (or an accelerator), else float32. Logits are float32 either way",
     )
-    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (batch j: seed + j)")
-    parser.add_argument(
-        "--out",
-        default="outputs/demo.json",
-        help="where the run's numbers and completions are written (JSON)",
-    )
-    return parser.parse_args(argv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +130,7 @@ class Model:
     """A registry model with its weights and vocabulary."""
 
     name: str
-    model: decoder.DecoderLM
+    model: Any  # a decoder.DecoderLM (a staged drafter wraps the draft's)
     params: Any
     vocabulary: vocab.Vocabulary
 
@@ -186,7 +204,7 @@ def decode_prompts(
     ]
     decoders = {
         "plain": runner.Decoder(
-            target.model, target.params, dataclasses.replace(config, gamma=None)
+            target.model, target.params, dataclasses.replace(config, gamma=None, tree=None)
         ),
         "speculative": runner.Decoder(
             target.model, target.params, config, draft.model, draft.params
@@ -279,16 +297,19 @@ def result_json(
     """demo.json: the run, its pooled statistics, timings and the models' predictions."""
     gamma, summary = config.gamma, decoded.summary
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
-    t_verify = costs["target_extend_s"][gamma + 1]
+    t_verify = costs["target_extend_s"][config.block]
     plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
     return {
         "target": args.target,
         "draft": args.draft,
         "draft_shortlist": args.draft_shortlist,
+        "staged_lookahead": args.staged,
         "batch_size": args.batch_size,
         "dtype": precision.resolve_dtype(args.dtype),
         "dtype_route": precision.resolve(args.dtype).reason,
         "gamma": gamma,
+        "tree": list(config.tree.widths) if config.tree is not None else None,
+        "verify_tokens": config.block,
         "sampling": dataclasses.asdict(config.sampling),
         "tokens": decoded.tokens,
         "alpha": summary["alpha"],
@@ -316,7 +337,8 @@ def print_result(r: dict[str, Any]) -> None:
     gamma = r["gamma"]
     print(
         f"\n{r['target']} <- draft {r['draft']} (head shortlist: {r['draft_shortlist'] or 'off'}): "
-        f"{r['tokens']} tokens, batch {r['batch_size']}, gamma {gamma}"
+        f"{r['tokens']} tokens, batch {r['batch_size']}, {r['dtype']}, "
+        + (f"tree {r['tree']} (depth {gamma})" if r["tree"] else f"gamma {gamma}")
     )
     print(
         f"alpha {r['alpha']:.3f}   tau {r['tau']:.2f} tokens/target call   c {r['c']:.3f} "
@@ -329,7 +351,7 @@ def print_result(r: dict[str, Any]) -> None:
     )
     verify = r["target_verify_s"]
     print(
-        f"verify call (target scoring {gamma + 1} tokens) {verify * 1e3:.0f} ms = "
+        f"verify call (target scoring {r['verify_tokens']} tokens) {verify * 1e3:.0f} ms = "
         f"{verify / r['target_step_s']:.2f} target steps (Thm 3.8 assumes 1); with that cost the "
         f"model predicts {r['cost_model_speedup']:.2f}x"
     )
@@ -352,13 +374,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise JobError(" ".join(str(e).split()), role="demo") from e
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
+    tree = tuple(int(w) for w in args.tree.split(",")) if args.tree else None
     config = decoding.DecodeConfig(
-        args.max_decode_len, target.vocabulary.stop_ids, sampling, args.gamma
+        args.max_decode_len,
+        target.vocabulary.stop_ids,
+        sampling,
+        None if tree else args.gamma,
+        tree=tree,
     )
     log.info(
         f"jax {jax.__version__} on {jax.devices()[0].platform}, {dtype}, batch {args.batch_size}, "
-        f"gamma {args.gamma}, {sampling}"
+        f"{config.tree.describe() if tree else f'gamma {args.gamma}'}, {sampling}"
     )
+    if args.staged:  # prompt lookup proposes the draft's tokens (drafts/staged.py)
+        draft = dataclasses.replace(draft, model=staged.StagedDrafter(draft.model, args.staged))
     decoded = decode_prompts(target, draft, examples, config, args.batch_size, args.seed)
     # c and the verify cost, on a batch of the first prompt alone.
     probe = inputs.decoder_batch(inputs.tokenize(examples[:1], target.vocabulary, False))
@@ -369,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         draft.params,
         probe,
         config.cache_length(target.model, probe),
-        verify_lengths=[args.gamma + 1],
+        verify_lengths=[config.block],
+        draft_config=config,  # a staged draft's step: its propose time per proposed token
     )
     result = result_json(args, config, decoded, costs)
     print_result(result)

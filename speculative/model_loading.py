@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from speculative import checkpoints, fetch, sharded_checkpoints, vocab
 from speculative.checkpoints import best
 from speculative.decoding.drafter import Drafter
-from speculative.drafts import registry, shortlist
+from speculative.drafts import registry, shortlist, staged
 from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
 from speculative.errors import (
     LOADER_ERRORS,
@@ -74,6 +74,9 @@ class ModelSpec:
     # standard library's most frequent ids plus the job's prompt ids and stop ids); 0: all ids.
     # Exact, and a cheaper draft step; decoder-only drafts (`models.decoder.restrict_head`).
     shortlist: int = 0
+    # A draft's tokens proposed by prompt lookup, this many per draft-model call, and verified by
+    # the draft model in one call (`drafts.staged`, staged drafting; exact); 0: one call a token.
+    staged_lookahead: int = 0
 
 
 @gin.configurable(module="speculative")
@@ -186,6 +189,8 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
         return registry.describe(spec)
     spec = resolved(spec)
     head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
+    if spec.staged_lookahead:
+        head += f", staged by prompt lookup ({spec.staged_lookahead} a call)"
     if spec.format == "random":
         model = with_dtype(spec.model, spec.dtype)
         return f"RANDOM WEIGHTS (seed {spec.seed}, not a trained model): {model!r}{head}"
@@ -220,6 +225,20 @@ def with_shortlist(
     restricted = mask(decoder.DecoderLM(config))
     log.info(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
     return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
+
+
+def with_staging(draft: Loaded, spec: Any, role: str = "draft") -> Loaded:
+    """`draft` as a staged drafter (`drafts.staged.StagedDrafter`) when its ModelSpec asks for
+    one (`staged_lookahead` > 0); unchanged otherwise."""
+    lookahead = getattr(spec, "staged_lookahead", 0) if isinstance(spec, ModelSpec) else 0
+    if not lookahead:
+        return draft
+    if not isinstance(lookahead, int) or lookahead < 1:
+        raise JobError(f"staged_lookahead must be an int >= 0, got {lookahead!r}", role=role)
+    if getattr(draft.model, "is_encoder_decoder", False):
+        raise JobError("staged drafting needs a decoder-only draft model", role=role)
+    log.info(f"{role}: staged drafting, prompt lookup proposes {lookahead} tokens a draft call")
+    return Loaded(staged.StagedDrafter(draft.model, lookahead), draft.params, draft.description)
 
 
 def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:

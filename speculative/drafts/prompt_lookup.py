@@ -45,6 +45,25 @@ def latest_matches(ids: jax.Array, length: jax.Array, n: int, count: int) -> jax
     return jax.lax.top_k(found, min(count, ids.shape[1]))[0]
 
 
+def continuation(
+    ids: jax.Array, length: jax.Array, last: jax.Array, count: int, max_ngram: int, min_ngram: int
+) -> jax.Array:
+    """[B, count] int32: what followed the latest match of each text's tail (ids [B, L] of
+    lengths [B]; the longest n-gram of max_ngram..min_ngram wins), repeated periodically once it
+    reaches the present; `last` [B] repeated where nothing matches (module doc)."""
+    found = jnp.full(length.shape, -1)
+    follow = jnp.zeros_like(length)  # j + n of the winning match
+    for n in range(max_ngram, min_ngram - 1, -1):
+        j = latest_match(ids, length, n)
+        take = (found < 0) & (j >= 0)
+        follow = jnp.where(take, j + n, follow)
+        found = jnp.where(take, j, found)
+    period = jnp.maximum(length - follow, 1)
+    offsets = follow[:, None] + jnp.arange(count)[None, :] % period[:, None]
+    tokens = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1), axis=1)
+    return jnp.where((found >= 0)[:, None], tokens, last[:, None]).astype(jnp.int32)
+
+
 def _matches(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:
     """[B, L] bool: the n tokens from each start equal the text's last n, and a token follows."""
     width = ids.shape[1]
@@ -85,17 +104,7 @@ class PromptLookupDrafter(StatelessDrafter):
         """gamma tokens per row read off the latest match of the text's tail (see module doc)."""
         del params, rng, sampling  # deterministic proposals; q is one-hot on them
         ids, length = context.history()
-        found = jnp.full(length.shape, -1)
-        follow = jnp.zeros_like(length)  # j + n of the winning match
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            j = latest_match(ids, length, n)
-            take = (found < 0) & (j >= 0)
-            follow = jnp.where(take, j + n, follow)
-            found = jnp.where(take, j, found)
-        period = jnp.maximum(length - follow, 1)
-        offsets = follow[:, None] + jnp.arange(gamma)[None, :] % period[:, None]
-        tokens = jnp.take_along_axis(ids, jnp.clip(offsets, 0, ids.shape[1] - 1), axis=1)
-        tokens = jnp.where((found >= 0)[:, None], tokens, context.last[:, None]).astype(jnp.int32)
+        tokens = continuation(ids, length, context.last, gamma, self.max_ngram, self.min_ngram)
         return tokens, one_hot_logits(tokens, self.vocab_size), state
 
     def propose_tree(

@@ -99,9 +99,10 @@ def with_shortlists(
     vocabulary: vocab.Vocabulary,
     prompts: Sequence[Sequence[int]],
 ) -> LoadedModels:
-    """Each draft with the shortlist head its spec asks for, fitted to every prompt of the job."""
+    """Each draft with the shortlist head its spec asks for, fitted to every prompt of the job,
+    and staged (prompt lookup proposing the draft model's tokens) where its spec asks."""
     shortlisted = tuple(
-        ml.with_shortlist(loaded, spec, vocabulary, prompts, role)
+        ml.with_staging(ml.with_shortlist(loaded, spec, vocabulary, prompts, role), spec, role)
         for loaded, (role, spec) in zip(models.drafts, drafts)
     )
     return dataclasses.replace(models, drafts=shortlisted)

@@ -1,0 +1,130 @@
+"""Staged drafting (speculative/drafts/staged.py): prompt lookup proposes the draft model's tokens
+and the draft model verifies them in one call. Its proposals must follow the draft model's own
+autoregressive distribution (chi-square against exact probabilities, and a deliberately broken
+inner rule that the same check rejects), and decoding with it must stay exact: greedy identity
+with plain decoding (ragged batch, EOS inside blocks, gamma 1 and large) and the target's
+sequence distribution when sampling."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative import decoding
+from speculative.decoding.config import DecodeConfig
+from speculative.decoding.drafter import DraftContext
+from speculative.drafts import staged
+from speculative.errors import JobError
+from speculative.sampling import SamplingConfig
+from tests import helpers
+
+V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py
+SV, N = helpers.SV, helpers.N
+REPEATING = [1, 3, 2, 1, 3]  # the lookup finds "1 3" and proposes what followed it
+
+
+@pytest.mark.parametrize("gamma, lookahead", [(1, 1), (4, 3), (9, 2)])
+def test_greedy_identical_to_plain(target, draft, batch, greedy_reference, gamma, lookahead):
+    eos_id, ref, _ = greedy_reference
+    drafter = staged.StagedDrafter(draft[0], lookahead=lookahead)
+    out = decoding.speculative_decode(
+        *target, drafter, draft[1], batch, gamma=gamma, max_decode_len=MAX_LEN, eos_id=eos_id
+    )
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def _proposals(drafter, params, cfg: SamplingConfig, gamma: int, seed: int = 3):
+    """gamma proposals for each of N copies of REPEATING, from one `propose` call: [N, gamma]."""
+    batch = helpers.repeated_prompt(N, REPEATING)
+    config = DecodeConfig(8, (SV,), cfg, gamma)
+    last = batch["prompt"][:, -1]
+    context = DraftContext(
+        pos=batch["prompt_lengths"] - 1,
+        last=last,
+        prev=batch["prompt"][:, -2],
+        tokens=jnp.zeros((N, 8 + gamma + 1), jnp.int32),
+        lengths=jnp.zeros(N, jnp.int32),
+        prompt=batch["prompt"],
+        prompt_lengths=batch["prompt_lengths"],
+        done=jnp.zeros(N, bool),
+        budget=jnp.full(N, gamma, jnp.int32),
+    )
+
+    @jax.jit
+    def run(params, rng):
+        state = drafter.init(params, batch, config)
+        tokens, _, _ = drafter.propose(params, state, context, rng, gamma, cfg)
+        return tokens
+
+    return np.asarray(run(params, jax.random.PRNGKey(seed)))
+
+
+@pytest.mark.parametrize(
+    "cfg, lookahead",
+    [(SamplingConfig(temperature=1.0), 2), (SamplingConfig(temperature=0.9, top_p=0.8), 1)],
+)
+def test_proposals_follow_the_draft_models_own_distribution(small_pair, cfg, lookahead):
+    _, (drf, drf_params) = small_pair
+    tokens = _proposals(staged.StagedDrafter(drf, lookahead=lookahead), drf_params, cfg, gamma=3)
+    exact = helpers.exact_sequence_probs(drf, drf_params, REPEATING, 3, SV, eos_id=SV, cfg=cfg)
+    samples = [tuple(int(t) for t in row) for row in tokens]
+    assert helpers.chi_square_pvalue(samples, exact) > 1e-3
+
+
+def test_a_broken_inner_rule_is_caught(small_pair, monkeypatch):
+    """Accepting every lookup guess (no rejection) makes the proposals follow the lookup, not the
+    draft model: the check above must fail on it."""
+    _, (drf, drf_params) = small_pair
+    cfg = SamplingConfig(temperature=1.0)
+
+    def accept_all(rng, target_logits, draft_logits, draft_tokens, sampling):
+        _, extra = decoding_verify(rng, target_logits, draft_logits, draft_tokens, sampling)
+        return jnp.full(extra.shape, draft_tokens.shape[1], jnp.int32), extra
+
+    decoding_verify = staged.verify
+    monkeypatch.setattr(staged, "verify", accept_all)
+    tokens = _proposals(staged.StagedDrafter(drf, lookahead=2), drf_params, cfg, gamma=3)
+    exact = helpers.exact_sequence_probs(drf, drf_params, REPEATING, 3, SV, eos_id=SV, cfg=cfg)
+    samples = [tuple(int(t) for t in row) for row in tokens]
+    assert helpers.chi_square_pvalue(samples, exact) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "cfg, gamma", [(SamplingConfig(temperature=1.0), 2), (SamplingConfig(1.2, top_p=0.7), 4)]
+)
+def test_sampled_sequences_follow_target_distribution(small_pair, small_target_probs, cfg, gamma):
+    (tgt, tgt_params), (drf, drf_params) = small_pair
+    drafter = staged.StagedDrafter(drf, lookahead=2, max_ngram=2)
+    samples, out = helpers.speculative_samples(
+        ((tgt, tgt_params), (drafter, drf_params)), helpers.repeated_prompt(N),
+        gamma=gamma, max_decode_len=helpers.SEQ_LEN, eos_id=helpers.EOS, cfg=cfg, seed=11,
+    )  # fmt: skip
+    assert helpers.chi_square_pvalue(samples, small_target_probs(cfg)) > 1e-3
+    alpha = float(np.mean(out.stats.alpha))
+    assert 0.1 < alpha < 0.99, f"want a draft that is sometimes rejected, alpha={alpha}"
+
+
+def test_lookahead_and_ngrams_are_checked(draft):
+    with pytest.raises(ValueError, match="lookahead >= 1"):
+        staged.StagedDrafter(draft[0], lookahead=0)
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        staged.StagedDrafter(draft[0], max_ngram=1, min_ngram=2)
+
+
+def test_infer_job_with_a_staged_draft_writes_the_same_greedy_outputs(tmp_path):
+    """ModelSpec.staged_lookahead through gin: the job stages its draft and, greedy, writes the
+    same outputs as with the draft unstaged (both equal plain greedy decoding)."""
+    rows, _ = helpers.tiny_infer(tmp_path, "model")
+    staged_rows, summary = helpers.tiny_infer(
+        tmp_path, "staged", "--gin.draft/speculative.ModelSpec.staged_lookahead=2"
+    )
+    assert [r["output_ids"] for r in staged_rows] == [r["output_ids"] for r in rows]
+    assert "staged by prompt lookup (2 a call)" in json.dumps(summary)
+
+
+def test_a_bad_lookahead_is_one_line(tmp_path):
+    with pytest.raises(JobError, match="staged_lookahead must be an int >= 0"):
+        helpers.tiny_infer(tmp_path, "bad", "--gin.draft/speculative.ModelSpec.staged_lookahead=-1")
