@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints, decoding, fetch, inputs, vocab
-from speculative.drafts import shortlist
+from speculative.drafts import shortlist, staged
 from speculative.measure import runner, timing
 from speculative.models import decoder, precision
 from speculative.sampling import SamplingConfig
@@ -78,8 +78,9 @@ class Ours:
         return inputs.decoder_batch([ids], pad_to=self.width)
 
     def run(self, name, program, ids, sampling, seed):
-        """program: None (plain) or (gamma, draft shortlist, tree widths or None)."""
-        gamma, short, tree = program if program is not None else (None, None, None)
+        """program: None (plain) or (gamma, draft shortlist, tree widths or None, staged
+        lookahead: 0 or the lookup tokens per draft call, drafts/staged.py)."""
+        gamma, short, tree, staged_k = program if program is not None else (None, None, None, 0)
         config = decoding.DecodeConfig(
             self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma, tree=tree
         )
@@ -88,6 +89,8 @@ class Ours:
         key = (name, config)
         if key not in self.compiled:  # compile once per program, warm up once, both untimed
             draft = self.drafts[short] if gamma is not None else (None, None)
+            if staged_k:
+                draft = (staged.StagedDrafter(draft[0], staged_k), draft[1])
             program = runner.Decoder(self.target, self.t_params, config, *draft)
             self.compiled[key], seconds = program.compile(batch, rng)
             self.compile_s[name] = self.compile_s.get(name, 0.0) + seconds
@@ -209,16 +212,26 @@ def run(args) -> dict[str, Any]:
         (
             f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else ""),
             "ours",
-            (g, s, None),
+            (g, s, None, 0),
         )
         for s in args.draft_shortlists
         for g in args.gammas
     ]
     programs += [
         (
+            f"ours staged gamma {g}, lookup {k}" + (f", draft shortlist {s}" if s else ""),
+            "ours",
+            (g, s, None, k),
+        )
+        for s in args.draft_shortlists
+        for g in args.gammas
+        for k in args.staged
+    ]
+    programs += [
+        (
             f"ours speculative tree {t}" + (f", draft shortlist {s}" if s else ""),
             "ours",
-            (None, s, t),
+            (None, s, t, 0),
         )
         for s in args.draft_shortlists
         for t in (tuple(int(w) for w in text.split(",")) for text in args.trees)
@@ -324,7 +337,7 @@ def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
     # HF best: its assisted generation (default and fixed lengths) and its prompt lookup, any dtype
     hf_assisted = {n: e for n, e in table.items() if e["side"] != "ours" and n not in hf_plains}
     best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
-    ours_spec = {n: e for n, e in table.items() if n.startswith("ours speculative")}
+    ours_spec = {n: e for n, e in table.items() if e["side"] == "ours" and n != "ours plain"}
     best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
     identical = None
     if temperature == 0.0:  # against the side's own plain output of the same dtype
@@ -383,6 +396,13 @@ def main() -> None:
         nargs="*",
         default=[],
         help="our token trees as widths per depth, e.g. 2,2,1,1,1 (one program each)",
+    )
+    parser.add_argument(
+        "--staged",
+        type=int,
+        nargs="*",
+        default=[],
+        help="our staged drafting at each --gammas: prompt-lookup tokens per draft call",
     )
     parser.add_argument(
         "--hf_prompt_lookup_tokens",

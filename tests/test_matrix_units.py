@@ -153,3 +153,33 @@ def test_bfloat16_greedy_speculative_equals_bfloat16_plain(options):
     )
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(plain.tokens))
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(plain.lengths))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_verify_block_scores_every_position_as_plain_steps_do(dtype):
+    """Greedy identity rests on this: the logits of a block of L tokens scored in one call equal,
+    bit for bit, those of the same tokens fed one at a time (plain decoding's steps)."""
+    model, params = helpers.tiny_decoder(211, emb=128, layers=3, heads=4, kv_heads=2, seed=4)
+    model = decoder.DecoderLM(dataclasses.replace(model.config, dtype=dtype))
+    params = jax.tree.map(lambda x: x.astype(dtype), params)
+    prompt = helpers.ragged_prompts(5, batch=2, width=9, vocab=211)["prompt"]
+    block = jnp.asarray([[7, 19, 3, 88, 41, 5], [2, 2, 150, 9, 61, 33]], jnp.int32)
+
+    @jax.jit
+    def together(params, prompt, block):
+        state = model.init_state(params, {"prompt": prompt}, 32)
+        _, state = model.extend(params, state, prompt)
+        return model.extend(params, state, block)[0]
+
+    @jax.jit
+    def one_at_a_time(params, prompt, block):
+        state = model.init_state(params, {"prompt": prompt}, 32)
+        _, state = model.extend(params, state, prompt)
+        out = []
+        for i in range(block.shape[1]):
+            logits, state = model.extend(params, state, block[:, i : i + 1])
+            out.append(logits)
+        return jnp.concatenate(out, axis=1)
+
+    a, b = together(params, prompt, block), one_at_a_time(params, prompt, block)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -407,6 +407,9 @@ def attend(
     # [B, L, K, G, D] -> [B, K, G*L, D]
     q = query.reshape(batch, length, kv_heads, groups, head_dim)
     q = q.transpose(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * length, head_dim)
+    # Both products take the cache's dtype and accumulate in float32 (a bfloat16 cache: the
+    # matrix-unit route, and the only roundings are these explicit ones; docs/design.md §9).
+    q = q.astype(key.dtype)
     scores = jnp.einsum("bkqd,bksd->bkqs", q, key, preferred_element_type=jnp.float32)
     scores = scores.reshape(batch, heads, length, key_len) * scale
     if bias is not None:
@@ -416,7 +419,7 @@ def attend(
     if drop_weights is not None:
         weights = drop_weights(weights)
     weights = weights.reshape(batch, kv_heads, groups * length, key_len)
-    out = jnp.einsum("bkqs,bksd->bkqd", weights, value)
+    out = jnp.einsum("bkqs,bksd->bkqd", weights, value, preferred_element_type=jnp.float32)
     out = out.reshape(batch, kv_heads, groups, length, head_dim).transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, length, heads, head_dim).astype(query.dtype)
 

@@ -56,7 +56,11 @@ class DecoderConfig:
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
     max_seq_len: int = 4096  # model context: prompt + generated tokens must fit
-    dtype: str = "float32"  # activations and KV cache; logits and softmax are always float32
+    # Weights' dtype as loaded (ModelSpec.dtype), matmul inputs and the KV cache. The residual
+    # stream, norms, RoPE, attention and logits are float32 whatever it is: in bfloat16 the only
+    # roundings are the explicit ones feeding a product or the cache, so a verify block and plain
+    # steps compute the same numbers (docs/design.md §9).
+    dtype: str = "float32"
     embedding_init_std: float = 1.0
     # > 0: the output head scores only this many tokens (a draft's shortlist, `restrict_head`);
     # every other token gets logit -inf. 0: the whole vocabulary.
@@ -192,13 +196,12 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, layer_cache, index, mask):
         cfg = self.config
-        dtype = jnp.dtype(cfg.dtype)
-        normed = RMSNorm(cfg.norm_eps, dtype, name="pre_self_attention_layer_norm")(x)
+        normed = RMSNorm(cfg.norm_eps, jnp.float32, name="pre_self_attention_layer_norm")(x)
         attn, layer_cache = SelfAttention(cfg, name="self_attention")(
             normed, positions, layer_cache, index, mask
         )
         x = x + attn
-        normed = RMSNorm(cfg.norm_eps, dtype, name="pre_mlp_layer_norm")(x)
+        normed = RMSNorm(cfg.norm_eps, jnp.float32, name="pre_mlp_layer_norm")(x)
         return x + MLP(cfg, name="mlp")(normed), layer_cache
 
 
@@ -211,7 +214,6 @@ class DecoderStack(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, cache, index, ancestors=None):
         cfg = self.config
-        dtype = jnp.dtype(cfg.dtype)
         embedder = nn.Embed(
             cfg.vocab_size,
             cfg.emb_dim,
@@ -220,7 +222,7 @@ class DecoderStack(nn.Module):
             ),
             name="token_embedder",
         )
-        x = base.embed(embedder.embedding, tokens).astype(dtype)
+        x = base.embed(embedder.embedding, tokens).astype(jnp.float32)  # the residual stream
         mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         new_cache = {}
         for i in range(cfg.num_layers):
@@ -228,7 +230,7 @@ class DecoderStack(nn.Module):
             x, new_cache[name] = DecoderLayer(cfg, name=name)(
                 x, positions, cache[name], index, mask
             )
-        x = RMSNorm(cfg.norm_eps, dtype, name="decoder_norm")(x).astype(jnp.float32)
+        x = RMSNorm(cfg.norm_eps, jnp.float32, name="decoder_norm")(x)
         if cfg.head_tokens:
             logits = ShortlistHead(cfg.vocab_size, cfg.head_tokens, name="logits_dense")(x)
         elif cfg.tie_word_embeddings:

@@ -161,7 +161,9 @@ def output_logits(
     or {"kernel": [S, E], "token_ids": [S]} (a shortlist: the other ids get -inf). Ids from
     `used` on (a padded table's padding rows) get -inf, as the fitted target gives them.
     """
-    scores = base.dense(features.astype(jnp.float32), lm_head["kernel"].astype(jnp.float32))
+    # The kernel keeps its dtype: a bfloat16 table takes the matrix-unit route (base.dense)
+    # instead of being widened to float32 on every call.
+    scores = base.dense(features.astype(jnp.float32), lm_head["kernel"]).astype(jnp.float32)
     if "token_ids" in lm_head:
         logits = jnp.full((*features.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
         logits = logits.at[..., lm_head["token_ids"]].set(
