@@ -47,9 +47,15 @@ class ModelDrafter(StatelessDrafter):
         """The draft model's parameters within `params` (all of them; a self-draft takes a part)."""
         return params
 
+    def cache_slack(self) -> int:
+        """Cache slots past the decode's own (`DecodeConfig.cache_length`) that this draft writes
+        ahead of a round's tokens: none for the paper's draft."""
+        return 0
+
     def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> DecodeState:
         params = self.model_params(params)
-        state, _, _, _ = prefill(self.model, params, batch, config.cache_length(self.model, batch))
+        length = config.cache_length(self.model, batch) + self.cache_slack()
+        state, _, _, _ = prefill(self.model, params, batch, length)
         return state
 
     def constrain(self, partitioner: Any, state: DecodeState) -> DecodeState:

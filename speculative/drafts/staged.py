@@ -28,10 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, one_hot_logits
 from speculative.decoding.model_drafter import ModelDrafter
-from speculative.decoding.state import prefill
 from speculative.drafts.prompt_lookup import continuation
 from speculative.models.base import DecodeState, write_rows
 from speculative.sampling import SamplingConfig, verify
@@ -57,13 +55,9 @@ class StagedDrafter(ModelDrafter):
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
             )
 
-    def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> DecodeState:
+    def cache_slack(self) -> int:
         # A call may start up to gamma + lookahead - 1 slots past `last` and writes lookahead + 2.
-        params = self.model_params(params)
-        slack = 2 * self.lookahead + 2
-        length = config.cache_length(self.model, batch) + slack
-        state, _, _, _ = prefill(self.model, params, batch, length)
-        return state
+        return 2 * self.lookahead + 2
 
     def propose(
         self,
