@@ -73,28 +73,6 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def tree_verify_time(model, params, batch, cache_len: int, widths) -> float:
-    """Median seconds of one tree-verify `extend` (N + 1 tokens with the tree's ancestors)."""
-    ancestors = TreeShape.from_widths(widths).ancestors
-    length = ancestors.shape[0]
-
-    @jax.jit
-    def prefill(params, batch):
-        state = model.init_state(params, batch, cache_len)
-        return model.extend(params, state, batch["prompt"])[1]
-
-    state = prefill(params, batch)
-    tokens = jnp.tile(batch["prompt"][:, -1:], (1, length))
-
-    def step(params, carry):
-        state, tokens = carry
-        state = state.replace(index=state.index - length)
-        logits, state = model.extend(params, state, tokens, ancestors)
-        return state, jnp.argmax(logits, -1).astype(jnp.int32)
-
-    return timing.step_time(step, params, (state, tokens), steps=8, repeats=5)
-
-
 def prefill_time(model, params, batch, cache_len: int) -> float:
     @jax.jit
     def prefill(params, batch):
@@ -197,7 +175,9 @@ def main(argv=None) -> dict:
     for name, widths in TREES.items():
         for d in DTYPES:
             model, params = models[d]["target"]
-            costs[d][f"{name}_verify_s"] = tree_verify_time(model, params, one, cache_len, widths)
+            costs[d][f"{name}_verify_s"] = timing.decode_step_time(
+                model, params, one, cache_len, 5, ancestors=TreeShape.from_widths(widths).ancestors
+            )
     for tokens in (3, 6, 8):
         for d in DTYPES:
             model, params = models[d]["target"]

@@ -63,7 +63,13 @@ def step_time(
 
 
 def decode_step_time(
-    model: Any, params: Any, batch: dict, cache_len: int, repeats: int = 3, length: int = 1
+    model: Any,
+    params: Any,
+    batch: dict,
+    cache_len: int,
+    repeats: int = 3,
+    length: int = 1,
+    ancestors: Any = None,
 ) -> float:
     """Median seconds of one `extend` by `length` tokens, cache filled. length 1 is a plain decode
     step; length gamma+1 is a speculative verify call.
@@ -71,7 +77,11 @@ def decode_step_time(
     A decoder-only model is prefilled with `batch["prompt"]` [B, P]. An encoder-decoder's state
     reads the encoder tokens of `batch`, and its decoder starts from its start token, [B, 1].
     Rewinds the index by `length` each step so the cache fill, and hence the cost, stays constant.
+    ancestors: a token tree's [N + 1, N + 1] ancestor matrix (`TreeShape.ancestors`): the tree
+    verify call of that tree instead (length is then its size).
     """
+    if ancestors is not None:
+        length = ancestors.shape[0]
     if model.is_encoder_decoder:
         rows = inputs.input_tokens(batch).shape[0]
         batch = {**batch, "prompt": jnp.full((rows, 1), model.decoder_start_id, jnp.int32)}
@@ -86,7 +96,8 @@ def decode_step_time(
 
     def step(params, carry):
         state, tokens = carry
-        logits, state = model.extend(params, state.replace(index=state.index - length), tokens)
+        state = state.replace(index=state.index - length)
+        logits, state = model.extend(params, state, tokens, ancestors)
         return state, jnp.argmax(logits, -1).astype(jnp.int32)
 
     return step_time(step, params, (state, tokens), steps=8, repeats=repeats)
