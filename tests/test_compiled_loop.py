@@ -58,9 +58,16 @@ def _batch(model, rows: int):
     return inputs.decoder_batch([[5, 6, 7, 8, 9], [10, 11]][:rows], pad_to=7)
 
 
+# Batch 1 with a tied draft is where the copy appeared; an untied draft or a second row compiles
+# the same logits layer as a plain matrix product (dropped from the default suite for its time).
 @pytest.mark.parametrize(
     "family,tied_draft,rows",
-    [("decoder", True, 1), ("decoder", True, 2), ("decoder", False, 1), ("t5", True, 1)],
+    [
+        ("decoder", True, 1),
+        ("t5", True, 1),
+        pytest.param("decoder", True, 2, marks=pytest.mark.slow),
+        pytest.param("decoder", False, 1, marks=pytest.mark.slow),
+    ],
 )
 def test_speculative_loop_moves_no_weights(family, tied_draft, rows):
     if family == "decoder":

@@ -23,7 +23,8 @@ Mutant -> the named checks that catch it, and the assertion that fails (`CAUGHT_
 - bonus_from_q (after all gamma drafts are accepted the extra token comes from the draft's q at the
     last draft position instead of the target's p_{gamma+1}):
     check_verify_output_matches_target, `_pvalue(next_token[n_acc == 1], p2) > 1e-3` (the bonus
-    after an accepted draft), and check_sampled_sequences_follow_target (sequence chi-square).
+    after an accepted draft). The sequence chi-square catches it too; like the residual mutants'
+    it is left out, so the slower end-to-end check runs on accept_all only.
 """
 
 from __future__ import annotations
@@ -138,17 +139,14 @@ CHECKS = {
     ),
 }
 # The checks each mutant is run through, and the assertion it trips in each (the check's own line,
-# a test of the distribution). The residual is the same code in and out of the decode loop, so the
-# residual mutants skip the slower sequence check (both catch them; see the module docstring).
+# a test of the distribution). The rule is the same code in and out of the decode loop, so only
+# accept_all runs the slower sequence check too (it catches the others as well; module docstring).
 VERIFY, SEQUENCES = "check_verify_output_matches_target", "check_sampled_sequences_follow_target"
 CAUGHT_BY = {
     "accept_all": {VERIFY: "_pvalue(first, p1) > 1e-3", SEQUENCES: "chi_square_pvalue(samples"},
     "residual_unclamped": {VERIFY: "_pvalue(first, p1) > 1e-3"},
     "residual_abs": {VERIFY: "_pvalue(first, p1) > 1e-3"},
-    "bonus_from_q": {
-        VERIFY: "_pvalue(next_token[n_acc == 1], p2) > 1e-3",
-        SEQUENCES: "chi_square_pvalue(samples",
-    },
+    "bonus_from_q": {VERIFY: "_pvalue(next_token[n_acc == 1], p2) > 1e-3"},
 }
 
 
