@@ -4,51 +4,53 @@ the test split at the gamma chosen on the validation split, with bootstrap inter
 rows over the whole test split, distillation before / after, and BLEU (sacrebleu) of plain vs
 speculative decoding.
 
-    python scripts/ende_report.py --runs runs/ende --out benchmarks/ende_repro
+    python scripts/ende_report.py --runs runs/ende --out benchmarks/ende_repro --overwrite
 
 Writes OUT/report.json (every number below) and OUT/report.md (the tables), and prints the tables.
+OUT defaults to RUNS/report, beside the runs and never a committed folder; a report already there
+is refused unless --overwrite. Every result file is read through the one boundary
+(`errors.read_result_json`, `benchmark_report.read_benchmark`): a missing key, a torn or empty file
+is one line `error: <file>: <what is wrong>` and exit status 2. A benchmark.json not marked
+"complete" (a sweep running or cut short) is refused unless --allow_partial, and the report then
+says it is partial (printed, in report.json's "partial" and report.md's first line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from speculative import benchmark_report, provenance
+from speculative import benchmark_report, errors, gin_flags, provenance
+from speculative.errors import MALFORMED_ERRORS, JobError
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # when imported by a test
+from ende_tables import (  # noqa: E402  (beside this file; the report's markdown and the paper's)
+    PAPER,
+    PAPER_NGRAM_ALPHA,
+    code_line,  # noqa: F401  (the report's API, with the functions below)
+    markdown,
+    paper_alpha,  # noqa: F401
+    partial_line,
+    table2_markdown,  # noqa: F401
+)
 
 TARGETS = ("target", "target_regularised")  # the dictionary's run, the larger corpus's
 MODELS = (*TARGETS, "draft_small", "draft_base", "draft_large", "draft_small_distilled")
 DRAFTS = ("small", "base", "large", "small_distilled", "unigram", "bigram")
 TEMPERATURES = (0, 1)
-# Leviathan et al. (ICML 2023), Table 2, EnDe, T5-XXL target: (draft, T) -> (gamma, alpha, speedup).
-PAPER = {
-    ("small", 0): (7, 0.75, 3.4),
-    ("base", 0): (7, 0.80, 2.8),
-    ("large", 0): (7, 0.82, 1.7),
-    ("small", 1): (7, 0.62, 2.6),
-    ("base", 1): (5, 0.68, 2.4),
-    ("large", 1): (3, 0.71, 1.4),
-}
-
-# Table 3's n-gram drafts, alpha only (the paper times no n-gram draft): (draft, T) -> alpha.
-PAPER_NGRAM_ALPHA = {
-    ("unigram", 0): 0.08,
-    ("unigram", 1): 0.07,
-    ("bigram", 0): 0.20,
-    ("bigram", 1): 0.19,
-}
 
 
-def paper_alpha(draft: str, temperature: float) -> float | None:
-    """The paper's Table 3 alpha for this draft and temperature (EnDe, T5-XXL), or None."""
-    key = (draft, int(temperature))
-    return PAPER[key][1] if key in PAPER else PAPER_NGRAM_ALPHA.get(key)
+class Partial:
+    """Whether a benchmark.json not marked complete may be read (--allow_partial), and which were
+    ("<run>/benchmark.json <why>", for the report's label)."""
+
+    def __init__(self, allowed: bool = False):
+        self.allowed, self.read = allowed, []
 
 
 def run_commits(runs: pathlib.Path) -> dict[str, Any]:
@@ -71,15 +73,18 @@ def run_commits(runs: pathlib.Path) -> dict[str, Any]:
     return {"commits": commits, "dirty": dirty, "unknown": unknown}
 
 
-def _json(path: pathlib.Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+def _json(path: pathlib.Path, *required: str) -> dict[str, Any] | None:
+    """A run's result file through the boundary, or None where that run is missing."""
+    return errors.read_result_json(path, required) if path.exists() else None
 
 
-def _rows(run: pathlib.Path) -> list[dict] | None:
+def _rows(run: pathlib.Path, *required: str, must: bool = False) -> list[dict] | None:
+    """A run's predictions.jsonl, sorted, each row with the keys BLEU needs and `required`; None
+    where it is missing (`must`: an error)."""
     path = run / "predictions.jsonl"
-    if not path.exists():
+    if not must and not path.exists():
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = errors.read_result_jsonl(path, ("index", "output", "targets", *required))
     return sorted(rows, key=lambda r: r["index"])
 
 
@@ -88,8 +93,12 @@ def _times(runs: pathlib.Path) -> dict[str, int]:
     if not path.exists():
         return {}
     out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        name, seconds = line.split("\t")
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        name, _, seconds = line.partition("\t")
+        if not seconds.strip().isdigit():
+            raise JobError(f"line {number} is not '<step>\\t<seconds>'", path=path)
         out[name] = out.get(name, 0) + int(seconds)  # a resumed step adds up
     return out
 
@@ -97,7 +106,7 @@ def _times(runs: pathlib.Path) -> dict[str, int]:
 def models_table(runs: pathlib.Path, times: Mapping[str, int]) -> list[dict]:
     rows = []
     for name in MODELS:
-        summary = _json(runs / name / "summary.json")
+        summary = _json(runs / name / "summary.json", "parameters", "steps")
         if summary is None:
             continue
         rows.append(
@@ -120,7 +129,7 @@ def alone_bleu(runs: pathlib.Path, model: str) -> dict[str, Any]:
     where that run is missing. A draft's run is runs/alone/<model> (scripts/reproduce_ende.sh);
     the target's is Table 2's plain T = 0 row, the same greedy outputs at any batch size."""
     run = runs / "rows" / "t0_plain" if model in TARGETS else runs / "alone" / model
-    rows = _rows(run) if _json(run / "summary.json") is not None else None
+    rows = _rows(run, "length") if _json(run / "summary.json") is not None else None
     if not rows:
         return {}
     return {
@@ -135,7 +144,8 @@ def alpha_table(runs: pathlib.Path) -> list[dict]:
     rows = []
     for t in TEMPERATURES:
         for draft in DRAFTS:
-            s = _json(runs / "alpha" / f"t{t}_{draft}" / "summary.json")
+            run = runs / "alpha" / f"t{t}_{draft}"
+            s = _json(run / "summary.json", "alpha", "tokens", "examples", "tau", "gamma")
             if s is None:
                 continue
             rows.append(
@@ -149,17 +159,27 @@ def alpha_table(runs: pathlib.Path) -> list[dict]:
                     "gamma": s["gamma"],
                 }
             )
-            forced = _json(runs / "alpha_tf" / f"t{t}_{draft}.json")
+            forced = _json(runs / "alpha_tf" / f"t{t}_{draft}.json", "alpha", "tokens")
             if forced is not None:
                 rows[-1].update(alpha_all_positions=forced["alpha"], forced_tokens=forced["tokens"])
     return rows
 
 
-def _benchmark(runs: pathlib.Path, name: str) -> Mapping[str, Any] | None:
-    return _json(runs / name / "benchmark.json")
+def _benchmark(runs: pathlib.Path, name: str, partial: Partial | None) -> Mapping[str, Any] | None:
+    """runs/<name>/benchmark.json (`benchmark_report.read_benchmark`: refused when not marked
+    complete, unless partial.allowed: then listed in partial.read), or None where it is missing."""
+    path = runs / name / "benchmark.json"
+    if not path.exists():
+        return None
+    partial = Partial() if partial is None else partial
+    result = benchmark_report.read_benchmark(path, allow_partial=partial.allowed)
+    reason = benchmark_report.partial_reason(result)
+    if reason is not None:
+        partial.read.append(f"{name}/benchmark.json {reason}")
+    return result
 
 
-def benchmark_table(runs: pathlib.Path) -> list[dict]:
+def benchmark_table(runs: pathlib.Path, partial: Partial | None = None) -> list[dict]:
     """Table 2 (interleaved, one plain baseline per temperature): per draft, the alpha and c the
     benchmark measured, Theorem 3.8's prediction, and the speedup measured (with its bootstrap
     mean and 95% interval) at the row's gamma (`benchmark_report.chosen_rows`).
@@ -170,28 +190,37 @@ def benchmark_table(runs: pathlib.Path) -> list[dict]:
     before that split, benchmark_t{T}) Theorem 3.8's best, with the best speedup of the sweep."""
     rows = []
     for t in TEMPERATURES:
-        validation = _benchmark(runs, f"benchmark_validation_t{t}")
-        test = _benchmark(runs, f"benchmark_test_t{t}")
-        if validation is None or test is None:
-            test, validation = _benchmark(runs, f"benchmark_t{t}"), None
+        names = [f"benchmark_test_t{t}", f"benchmark_validation_t{t}"]
+        if not all((runs / name / "benchmark.json").exists() for name in names):
+            names = [f"benchmark_t{t}"]  # a run from before the validation split
+        read = [_benchmark(runs, name, partial) for name in names]
+        test, validation = read[0], (read[1] if len(read) > 1 else None)
         try:
             rows += [] if test is None else benchmark_report.chosen_rows(test, validation)
-        except ValueError as e:
-            raise SystemExit(f"error: benchmark_test_t{t}/benchmark.json: {e}") from None
+        except (ValueError, *MALFORMED_ERRORS) as e:  # a benchmark.json of the wrong shape
+            raise errors.loader_error(e, None, runs / names[0] / "benchmark.json") from e
     return rows
 
 
-def validation_gamma(runs: pathlib.Path, draft: str, temperature: float) -> int | None:
+def validation_gamma(
+    runs: pathlib.Path, draft: str, temperature: float, partial: Partial | None = None
+) -> int | None:
     """The gamma of `draft`'s best bootstrap-mean speedup in the validation sweep at T, or None."""
-    validation = _benchmark(runs, f"benchmark_validation_t{int(temperature)}")
-    cell = benchmark_report.cell_at(validation or {"cells": []}, temperature)
-    points = benchmark_report.variant_points(cell, draft)
-    return benchmark_report.best_mean_gamma(points) if points else None
+    name = f"benchmark_validation_t{int(temperature)}"
+    validation = _benchmark(runs, name, partial)
+    try:
+        cell = benchmark_report.cell_at(validation or {"cells": []}, temperature)
+        points = benchmark_report.variant_points(cell, draft)
+        return benchmark_report.best_mean_gamma(points) if points else None
+    except (ValueError, *MALFORMED_ERRORS) as e:
+        raise errors.loader_error(e, None, runs / name / "benchmark.json") from e
 
 
-def table2_gamma(runs: pathlib.Path, draft: str, temperature: float) -> int | None:
+def table2_gamma(
+    runs: pathlib.Path, draft: str, temperature: float, partial: Partial | None = None
+) -> int | None:
     """The gamma of `draft`'s Table 2 row at T (`benchmark_table`), or None."""
-    rows = benchmark_table(runs)
+    rows = benchmark_table(runs, partial)
     return next(
         (r["gamma"] for r in rows if (r["draft"], r["temperature"]) == (draft, temperature)), None
     )
@@ -209,9 +238,10 @@ def rows_table(runs: pathlib.Path) -> list[dict]:
     out = []
     for t in TEMPERATURES:
         plain_dir = runs / "rows" / f"t{t}_plain"
-        plain, plain_rows = _json(plain_dir / "summary.json"), _rows(plain_dir)
+        plain = _json(plain_dir / "summary.json", "this_run")
         if plain is None:
             continue
+        plain_rows = _rows(plain_dir, "output_ids", must=True)
         plain_tok_s = plain["this_run"]["tokens_per_s"]
         out.append(
             {
@@ -227,9 +257,10 @@ def rows_table(runs: pathlib.Path) -> list[dict]:
         )
         for draft in DRAFTS:
             run = runs / "rows" / f"t{t}_{draft}"
-            s, rows = _json(run / "summary.json"), _rows(run)
+            s = _json(run / "summary.json", "this_run", "gamma", "alpha", "tau")
             if s is None:
                 continue
+            rows = _rows(run, "output_ids", must=True)
             same = [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain_rows]
             out.append(
                 {
@@ -259,125 +290,34 @@ def seed_bleu(runs: pathlib.Path) -> dict[str, list[float]]:
     return out
 
 
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    return "" if x is None else format(x, spec)
+def build_report(runs: pathlib.Path, partial: Partial) -> dict[str, Any]:
+    """Every table of the report (report.json); "partial" lists what --allow_partial let in."""
+    times = _times(runs)
+    return {
+        **provenance.git_state(),  # git_commit, git_dirty: the code that wrote the report
+        "runs_code": run_commits(runs),  # and the code each run ran
+        "times_s": times,
+        "models": models_table(runs, times),
+        "alpha": alpha_table(runs),
+        "benchmark": benchmark_table(runs, partial),
+        "rows": rows_table(runs),
+        "seed_bleu": seed_bleu(runs),
+        "paper": {f"{d}_t{t}": v for (d, t), v in PAPER.items()},
+        "paper_ngram_alpha": {f"{d}_t{t}": a for (d, t), a in PAPER_NGRAM_ALPHA.items()},
+        "partial": partial.read,  # filled by benchmark_table: [] for a report of finished runs
+    }
 
 
-def _gamma_choice(r: Mapping[str, Any]) -> str:
-    if r["gamma_from"] == "validation":
-        chosen = r["validation"]
-        mean = benchmark_report.ci_text(chosen) or f"{chosen['speedup']:.2f}x"
-        return f"validation: {mean}; Thm 3.8: {r['theorem_gamma']}"
-    return f"Thm 3.8; best measured {r['best_speedup']:.2f}x ({r['best_gamma']})"
-
-
-def table2_markdown(rows: list[Mapping[str, Any]]) -> list[str]:
-    """Table 2's lines: what chose each gamma, then a row per draft and temperature."""
-    lines = ["", "### Table 2: interleaved benchmark, batch 1", ""]
-    if any(r["gamma_from"] == "validation" for r in rows):
-        lines += [
-            "γ chosen on validation: the best bootstrap-mean speedup of the validation split's "
-            "sweep, then measured on the test split. Mean [95% CI]: bootstrap over inputs and "
-            "repeats. Output tokens: mean per example, speculative / plain.",
-            "",
-        ]
-    if any(r["gamma_from"] == "Thm 3.8" for r in rows):
-        lines += ["γ = Thm 3.8's best (the nearest swept); best measured: the sweep's best.", ""]
-    lines += [
-        "| draft | T | γ | α | c | Thm 3.8 | verify (steps) | cost model | measured | mean [95% CI] "
-        "| decode-only | output tokens | γ chosen by | paper γ / α / speedup |",
-        "| --- " + "| ---: " * 11 + "| --- | ---: |",
-    ]
-    for r in rows:
-        paper = PAPER.get((r["draft"], r["temperature"]))
-        paper_text = "" if paper is None else f"{paper[0]} / {paper[1]} / {paper[2]}X"
-        lengths = (r.get("mean_output_tokens"), r.get("plain_mean_output_tokens"))
-        lines.append(
-            f"| {r['draft']} | {r['temperature']} | {r['gamma']} | {r['alpha']:.3f} | {r['c']:.3f} "
-            f"| {r['predicted_speedup']:.2f}x | {_fmt(r['verify_steps'], '.2f')} "
-            f"| {_fmt(r['cost_model_speedup'], '.2f')}x | {r['speedup']:.2f}x "
-            f"| {benchmark_report.ci_text(r)} "
-            f"| {_fmt(r['decode_speedup'], '.2f')}x "
-            f"| {'' if None in lengths else '{:.1f} / {:.1f}'.format(*lengths)} "
-            f"| {_gamma_choice(r)} | {paper_text} |"
-        )
-    return lines
-
-
-def markdown(report: Mapping[str, Any]) -> str:
-    lines = [
-        "### Models",
-        "",
-        "| model | parameters | steps | train wall | train loss | val loss (perplexity) "
-        "| test BLEU, alone | mean output tokens |",
-    ]
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for m in report["models"]:
-        wall = "" if m["train_s"] is None else f"{m['train_s'] / 60:.1f} min"
-        loss = m["validation_loss"]
-        val = "" if loss is None else f"{loss:.3f} ({math.exp(loss):.1f})"
-        lines.append(
-            f"| {m['model']} | {m['parameters'] / 1e6:.2f}M | {m['steps']} | {wall} "
-            f"| {_fmt(m['train_loss'])} | {val} | {_fmt(m.get('test_bleu'), '.2f')} "
-            f"| {_fmt(m.get('mean_output_tokens'), '.1f')} |"
-        )
-    lines += [
-        "",
-        "### Table 3: α per draft (held-out inputs; target tokens: how many were scored)",
-        "",
-    ]
-    lines += [
-        "| draft | T | α (decode, γ 4) | α (every position) | target tokens | paper α (T5-XXL, EnDe) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in report["alpha"]:
-        paper = paper_alpha(r["draft"], r["temperature"])
-        lines.append(
-            f"| {r['draft']} | {r['temperature']} | {r['alpha']:.3f} "
-            f"| {_fmt(r.get('alpha_all_positions'))} | {r['tokens']} "
-            f"| {'' if paper is None else paper} |"
-        )
-    lines += table2_markdown(report["benchmark"])
-    lines += ["", "### Table 2 rows over the whole test split (infer job; BLEU)", ""]
-    lines += [
-        "| draft | T | γ | α | τ | tok/s | speedup | BLEU | tokens identical to plain |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in report["rows"]:
-        same = "yes" if r["identical_to_plain"] else ("no (sampled)" if r["temperature"] else "NO")
-        lines.append(
-            f"| {r['draft']} | {r['temperature']} | {_fmt(r['gamma'], 'd')} | {_fmt(r['alpha'])} "
-            f"| {_fmt(r.get('tau'), '.2f')} | {r['tok_s']:.0f} | {r['speedup']:.2f}x | {r['bleu']:.2f} | {same} |"
-        )
-    seeds = report["seed_bleu"]
-    if seeds.get("plain"):
-        lines += ["", "T = 1 BLEU over seeds 0, 1, 2:", ""]
-        for kind, values in seeds.items():
-            spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            listed = ", ".join(f"{v:.2f}" for v in values)
-            lines.append(f"- {kind}: {listed} (mean {statistics.mean(values):.2f} ± {spread:.2f})")
-    if "runs_code" in report:
-        lines += ["", code_line(report["runs_code"])]
-    return "\n".join(lines) + "\n"
-
-
-def code_line(code: Mapping[str, Any]) -> str:
-    """One line on the code the runs ran (`run_commits`): one clean commit, or what differs."""
-    commits = sorted(code["commits"])
-    text = f"Runs from commit{'s' if len(commits) > 1 else ''} " + (
-        ", ".join(c[:12] for c in commits) or "(none recorded)"
-    )
-    if code["dirty"]:
-        text += f"; from a modified tree: {', '.join(code['dirty'])}"
-    if code["unknown"]:
-        text += f"; without a recorded commit: {', '.join(code['unknown'])}"
-    return text + ("." if len(commits) == 1 and not code["dirty"] else " (not one clean commit).")
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=pathlib.Path, default=pathlib.Path("runs/ende"))
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/ende_repro"))
+    parser.add_argument("--out", type=pathlib.Path, help="default: RUNS/report")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT's report")
+    parser.add_argument(
+        "--allow_partial",
+        action="store_true",
+        help='read a benchmark.json not marked "complete" (the report is labelled partial)',
+    )
     parser.add_argument(
         "--gamma_for",
         nargs=2,
@@ -391,44 +331,53 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("DRAFT", "T"),
         help="print the gamma of DRAFT's best bootstrap-mean speedup in the validation sweep at T",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: 0, or 2 after one line `error: <file>: <what is wrong>` (--debug: the
+    traceback)."""
+    return gin_flags.run_job(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    partial = Partial(allowed=args.allow_partial)
     if args.validation_gamma or args.gamma_for:
-        draft, t = args.validation_gamma or args.gamma_for
-        pick, where = (
-            (validation_gamma, "validation ") if args.validation_gamma else (table2_gamma, "")
-        )
-        gamma = pick(args.runs, draft, float(t))
-        if gamma is None:
-            print(f"no {where}benchmark point for draft {draft} at T = {t}", file=sys.stderr)
-            return 2
-        print(gamma)
-        return 0
-    times = _times(args.runs)
-    report = {
-        **provenance.git_state(),  # git_commit, git_dirty: the code that wrote the report
-        "runs_code": run_commits(args.runs),  # and the code each run ran
-        "times_s": times,
-        "models": models_table(args.runs, times),
-        "alpha": alpha_table(args.runs),
-        "benchmark": benchmark_table(args.runs),
-        "rows": rows_table(args.runs),
-        "seed_bleu": seed_bleu(args.runs),
-        "paper": {f"{d}_t{t}": v for (d, t), v in PAPER.items()},
-        "paper_ngram_alpha": {f"{d}_t{t}": a for (d, t), a in PAPER_NGRAM_ALPHA.items()},
-    }
+        _print_gamma(args, partial)
+        return
+    out = args.runs / "report" if args.out is None else args.out
+    errors.check_new_outputs([out / "report.json", out / "report.md"], args.overwrite)
+    report = build_report(args.runs, partial)
     if not any(report[part] for part in ("models", "alpha", "benchmark", "rows")):
-        # a report of nothing would overwrite the one the docs cite
-        print(
-            f"nothing to report in {args.runs}: run scripts/reproduce_ende.sh first",
-            file=sys.stderr,
-        )
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=1))
+        # a report of nothing would overwrite the one the docs cite (with --overwrite)
+        raise JobError(f"nothing to report in {args.runs}: run scripts/reproduce_ende.sh first")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
     text = markdown(report)
-    (args.out / "report.md").write_text(text)
+    (out / "report.md").write_text(text)
     print(text)
-    return 0
+    _warn_partial(partial)
+
+
+def _print_gamma(args: argparse.Namespace, partial: Partial) -> None:
+    draft, t = args.validation_gamma or args.gamma_for
+    pick, where = (validation_gamma, "validation ") if args.validation_gamma else (table2_gamma, "")
+    try:
+        temperature = float(t)
+    except ValueError:
+        raise JobError(f"T must be a temperature (a number), not {t!r}") from None
+    gamma = pick(args.runs, draft, temperature, partial)
+    if gamma is None:
+        raise JobError(f"no {where}benchmark point for draft {draft} at T = {t}", path=args.runs)
+    _warn_partial(partial)
+    print(gamma)
+
+
+def _warn_partial(partial: Partial) -> None:
+    if partial.read:
+        print(f"warning: {partial_line(partial.read)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def key_paths(value, prefix: str = "") -> set[str]:
 
 
 def snapshot(out: pathlib.Path) -> None:
-    from speculative import benchmark, fit_ngram, infer
+    from speculative import benchmark, benchmark_report, fit_ngram, infer
 
     out.mkdir(parents=True, exist_ok=True)
     inputs = out / "in.jsonl"
@@ -113,7 +113,7 @@ def snapshot(out: pathlib.Path) -> None:
             "--gin.COMPILATION_CACHE_DIR=None",
         ]
     )
-    keys = key_paths(json.loads((bench / "benchmark.json").read_text()))
+    keys = key_paths(benchmark_report.read_benchmark(bench / "benchmark.json"))
     (out / "bench_keys.txt").write_text("\n".join(sorted(keys)) + "\n")
 
 
@@ -131,11 +131,21 @@ def compare(out: pathlib.Path, reference: pathlib.Path) -> list[str]:
     return differ
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """0; 1 when the snapshots differ; 2 after one line `error: ...` (a job's result file
+    missing or torn: `errors.read_result_json`)."""
+    from speculative import gin_flags
+
+    status = []
+    return gin_flags.run_job(lambda a: status.append(_main(a)), argv) or status[0]
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path)
     parser.add_argument("--compare", type=pathlib.Path, help="a reference snapshot directory")
-    args = parser.parse_args()
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
+    args = parser.parse_args(argv)
     out = args.out.resolve()
     os.chdir(ROOT)  # the configs include each other by repository-relative paths
     snapshot(out)

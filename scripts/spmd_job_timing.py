@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from speculative import errors, gin_flags  # cheap: no JAX in this process
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MESHES = [None, (2, 4), (4, 2)]
 PROMPTS = [
@@ -74,15 +76,16 @@ def run_job(flags: list[str], out: pathlib.Path) -> dict:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"job failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
-    return json.loads((out / "summary.json").read_text())
+    return errors.read_result_json(out / "summary.json", ("this_run", "alpha", "tau"))
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/spmd_jobs")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--gamma", type=int, default=4)
-    args = parser.parse_args()
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
+    args = parser.parse_args(argv)
     out_dir = ROOT / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -114,12 +117,8 @@ def main() -> None:
                     ]
                 runs = [run_job(flags, tmp / f"out_{len(results)}_{k}") for k in ("cold", "warm")]
                 cold, warm = runs
-                rows = [
-                    json.loads(line)
-                    for line in (tmp / f"out_{len(results)}_warm" / "predictions.jsonl")
-                    .read_text()
-                    .splitlines()
-                ]
+                warm_dir = tmp / f"out_{len(results)}_warm"
+                rows = errors.read_result_jsonl(warm_dir / "predictions.jsonl", ("output_ids",))
                 tokens = [r["output_ids"] for r in rows]
                 if reference is None:
                     reference = tokens
@@ -168,4 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(gin_flags.run_job(main))  # a torn result file: one line `error: ...`, exit 2

@@ -8,6 +8,8 @@ sum_x min(p(x), q(x)) is averaged over every generated token (metrics.position_b
 The gin file names the target, the draft (a T5 of the same vocabulary), the vocabulary and the
 temperature; the predictions are any infer run's outputs of that target (speculative outputs
 are the target's own, greedy or sampled: the algorithm is exact). Encoder-decoder models only.
+A missing or torn predictions.jsonl, or a model that is not a T5, is one line `error: ...` and
+exit status 2 (`errors.read_result_jsonl`, `gin_flags.run_job`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import pathlib
 import sys
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,21 +26,32 @@ import numpy as np
 
 from speculative import configurables, gin_flags, inputs, job_config, metrics  # noqa: F401 (gin names)
 from speculative import model_loading as ml
+from speculative.errors import JobError, read_result_jsonl
 from speculative.vocab import base as vocab_base
 
 BATCH = 64
 
 
-def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -> dict:
+def read_predictions(predictions: pathlib.Path) -> list[dict]:
+    """The infer run's output rows (its predictions.jsonl), through the result-file boundary."""
+    path = predictions / "predictions.jsonl"
+    rows = read_result_jsonl(path, ("inputs", "output_ids"))
+    if not rows:
+        raise JobError("has no rows: the infer run decoded nothing", path=path)
+    return rows
+
+
+def alpha_over_outputs(
+    cfg: job_config.InferConfig, predictions: pathlib.Path, rows: list[dict]
+) -> dict:
     target = ml.load_model(cfg.target, "target")
     draft = ml.load_model(cfg.draft, "draft")
     for role, loaded in (("target", target), ("draft", draft)):
         if not getattr(loaded.model, "is_encoder_decoder", False):
-            raise SystemExit(f"error: the {role} is not an encoder-decoder T5")
+            raise JobError(f"the {role} is not an encoder-decoder T5")
     vocabulary = ml.load_vocabulary(cfg.vocabulary)
     eos = vocab_base.stop_ids(vocabulary)[0]
     limit = cfg.feature_lengths["inputs"]
-    rows = [json.loads(x) for x in (predictions / "predictions.jsonl").read_text().splitlines()]
     temperature = float(cfg.sampling.temperature)
     vocab_size = vocab_base.used_size(vocabulary)  # 4,100: the 124 padding ids are masked
 
@@ -65,9 +79,10 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
     if temperature == 0 and reproduced < 0.99 * tokens:
         # Greedy outputs must be the target's arg-max at (nearly: float near-ties) every
         # position; if not, inputs or positions are misaligned and alpha would be wrong.
-        raise SystemExit(
-            f"error: the target's teacher-forced arg-max reproduces only {reproduced} of "
-            f"{tokens} greedy output tokens in {predictions}: not this target's greedy outputs"
+        raise JobError(
+            f"the target's teacher-forced arg-max reproduces only {reproduced} of {tokens} "
+            "greedy output tokens: not this target's greedy outputs",
+            path=predictions,
         )
     return {
         "alpha": total / tokens,
@@ -81,7 +96,12 @@ def alpha_over_outputs(cfg: job_config.InferConfig, predictions: pathlib.Path) -
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command: 0, or 2 after one line `error: ...` (--debug: the traceback)."""
+    return gin_flags.run_job(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--gin_file", action="append", required=True, help="a gin file; later files override"
@@ -89,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictions", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--binding", action="append", default=[], help="a gin binding")
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
     args = parser.parse_args(argv)
+    rows = read_predictions(args.predictions)  # before the models load: a torn file fails fast
     gin_flags.parse_gin(args.gin_file, ["OUTPUT_DIR = None", *args.binding])
-    result = alpha_over_outputs(job_config.InferConfig(), args.predictions)
+    result = alpha_over_outputs(job_config.InferConfig(), args.predictions, rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"alpha {result['alpha']:.3f} over {result['tokens']} tokens: {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

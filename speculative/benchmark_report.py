@@ -1,6 +1,6 @@
 """Reporting of the benchmark job's result (benchmark.json): the markdown table, the printed
 summary and the three plots. Everything here reads the JSON form only, so a committed
-benchmark.json can be rendered again without running anything.
+benchmark.json can be rendered again without running anything (read with `read_benchmark`).
 """
 
 from __future__ import annotations
@@ -13,17 +13,40 @@ from typing import Any
 import numpy as np
 
 from speculative import metrics
+from speculative.errors import JobError, read_result_json
 from speculative.storage import OutputDir
 
 PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
 
 
+def read_benchmark(path: str | os.PathLike, allow_partial: bool = False) -> dict[str, Any]:
+    """A benchmark.json, or a JobError naming it: missing, torn, without a list of "cells", or
+    not marked complete (`partial_reason`) unless `allow_partial` (the report must say so)."""
+    result = read_result_json(path, required=("cells",))
+    if not isinstance(result["cells"], list):
+        raise JobError("'cells' is not a list: not a benchmark.json", path=path)
+    if partial_reason(result) and not allow_partial:
+        what = "rerun the sweep to its end, or pass --allow_partial for a report labelled partial"
+        raise JobError(f"{partial_reason(result)}; refused: {what}", path=path)
+    return result
+
+
+def partial_reason(result: Mapping[str, Any]) -> str | None:
+    """Why a benchmark.json is not a finished sweep, or None when it is marked "complete": true."""
+    if result.get("complete") is True:
+        return None
+    if result.get("complete") is None:
+        return 'is not marked "complete" (from before benchmark.json recorded it?)'
+    return 'is marked "complete": false (a sweep still running, or cut short)'
+
+
 def ci_text(point: Mapping[str, Any]) -> str:
-    """A point's bootstrap mean and 95% interval, "1.04x [0.98, 1.10]"; "" for a benchmark.json
-    from before they were recorded."""
+    """A point's bootstrap mean and 95% interval, "1.04x [0.98, 1.10]"; "1.04x [n/a]" when the run
+    had too few batches x repeats for an interval; "" for a benchmark.json from before either."""
     interval = point.get("speedup_ci95")
     if interval is None:
-        return ""
+        mean = point.get("speedup_mean")
+        return "" if mean is None else f"{mean:.2f}x [n/a]"
     return f"{point['speedup_mean']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from speculative import logs
+from speculative.errors import JobError, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,27 @@ def default_cache_dir() -> pathlib.Path:
     """$SPECULATIVE_CACHE, else ~/.cache/speculative."""
     env = os.environ.get("SPECULATIVE_CACHE")
     return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "speculative"
+
+
+def local_copy(path: str) -> str:
+    """A local file with the contents of path; gs:// files are read once with TensorStore (its
+    kvstore speaks GCS) into the cache, since some readers (SentencePiece) only open local files."""
+    if not is_remote(path):
+        return path
+    import tensorstore as ts
+
+    local = default_cache_dir() / "remote" / hashlib.sha256(path.encode()).hexdigest()[:16]
+    local = local.with_name(local.name + "_" + os.path.basename(path))
+    if not local.exists():
+        directory, name = path.rsplit("/", 1)
+        result = ts.KvStore.open(directory + "/").result().read(name).result()
+        if result.state == "missing":
+            raise JobError(f"vocabulary file {path!r} does not exist")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f"{local.name}.{os.getpid()}.part")
+        tmp.write_bytes(bytes(result.value))
+        os.replace(tmp, local)
+    return str(local)
 
 
 def find_wheel(part: Part, wheel_dir: pathlib.Path) -> pathlib.Path | None:

@@ -31,7 +31,8 @@ Output, in OUTPUT_DIR:
   every host of a pod slice runs the job, feeds its rows, and process 0 alone writes the files.
   COMPILATION_CACHE_DIR ('auto': ~/.cache/speculative/jax_cache) keeps compiled programs
   across runs; summary.json's compilation_cache says whether this run found them (warm).
-  .lock              held (fcntl) while a job runs: a second job on the same OUTPUT_DIR is refused.
+  .lock              held while a job runs (host, pid, heartbeat): a second job on OUTPUT_DIR,
+                     however it is named (a path, ~, file://, a symlink), is refused.
 OUTPUT_DIR may be on an object store (gs://, s3://: any fsspec URL, its implementation installed):
 the rows then go to predictions/chunk-NNNNN.jsonl, each committed by a .commit object, and
 predictions.jsonl is written whole at the end; .lock is an object (speculative/store_lock.py).

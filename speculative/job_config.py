@@ -29,6 +29,10 @@ from speculative.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 
+# Draft tokens per round of a chain when none is given: InferConfig.gamma's default, configs/runs/
+# infer.gin's GAMMA and `Pair.generate`'s without a tree.
+DEFAULT_GAMMA = 4
+
 
 @gin.configurable(module="speculative")
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +77,7 @@ class InferConfig:
     draft_vocabulary: Any = None
     output_dir: str = gin.REQUIRED
     speculative: bool = True
-    gamma: int | str = 4
+    gamma: int | str = DEFAULT_GAMMA
     gamma_policy: GammaPolicy = GammaPolicy()
     planner_gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
     planner_warmup_gamma: int = 4
@@ -100,6 +104,29 @@ class InferConfig:
     partitioner: Any = None
     multi_host: bool = False
     compilation_cache_dir: str | None = None
+
+
+def check_count(name: str, value: Any) -> None:
+    """Raises JobError unless value is an integer >= 1 (a bool is not): BATCH_SIZE, REPEATS, ..."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JobError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_gamma(gamma: Any, auto: bool = True) -> None:
+    """Raises JobError unless GAMMA is an integer >= 1, or 'auto' where the caller plans it."""
+    if auto and gamma == "auto":
+        return
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        either = " or 'auto'" if auto else ""
+        raise JobError(f"GAMMA must be an integer >= 1{either}, got {gamma!r}")
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> SamplingConfig:
+    """The SamplingConfig of TEMPERATURE / TOP_K / TOP_P, or a JobError saying which is wrong."""
+    try:
+        return SamplingConfig(float(temperature), top_k, top_p)
+    except (TypeError, ValueError) as e:
+        raise JobError(f"sampling: {e}") from None
 
 
 def check_num_examples(value: Any) -> None:

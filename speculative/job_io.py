@@ -6,20 +6,20 @@ leaves whole rows plus at most one torn last line; `ResultStore` truncates that 
 reports the indices already done, so a restarted job neither loses nor duplicates rows.
 `job.json` holds a fingerprint of the job; a restart with a different job in the same directory is
 refused instead of mixing results (`check_fingerprint`, the one check: the trainers' train_job.json
-and head_job.json go through it too). `.lock` (an `fcntl.flock` lock holding the owner's pid) keeps a
-second job out of a directory in use; the kernel drops the lock when its process dies, so the file
-a killed job leaves behind does not block a resume.
+and head_job.json go through it too). `.lock` (`store_lock`: one lock file for the directory however
+it is named, a path, '~', 'file://' or a symlink; its owner's host, pid, token and heartbeat) keeps
+a second job out of a directory in use; a killed job's lock is taken over once it is provably
+gone (its process dead and its heartbeat a few seconds old), so it does not block a resume.
 
 That is the local directory. On an object store (OUTPUT_DIR = 'gs://...', any fsspec URL) the
-same guarantees come from `chunk_store.ChunkStore` (committed chunk files) and `store_lock` (a lock
-object); `open_result_store` and `hold_output_dir` choose. Other files go through
+same guarantees come from `chunk_store.ChunkStore` (committed chunk files) and the same `store_lock`
+(an object there); `open_result_store` and `hold_output_dir` choose. Other files go through
 `storage.OutputDir.write_text` (temp file + rename locally, one put on a store).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 PREDICTIONS = "predictions.jsonl"
 JOB = "job.json"
-LOCK = ".lock"
+LOCK = store_lock.LOCK
 
 
 def examples_digest(examples: Iterable[Example]) -> str:
@@ -70,36 +70,17 @@ def prepare_output_dir(output_dir: str) -> pathlib.Path:
     return path
 
 
-def _lock_holder(f) -> str:
-    f.seek(0)
-    return f.read().strip() or "unknown"
-
-
 @contextlib.contextmanager
 def lock_output_dir(output_dir: str | os.PathLike) -> Iterator[pathlib.Path]:
     """Holds an exclusive lock on output_dir (created if missing) while the block runs.
 
-    Raises JobError naming the holder's pid when another process holds it. The lock is an
-    `fcntl.flock` on OUTPUT_DIR/.lock, released on exit and by the kernel when a process dies.
+    Raises JobError naming the holder (host, pid, heartbeat) when another job holds it. The lock
+    is `store_lock.hold`'s OUTPUT_DIR/.lock, the same file however the directory is named (a
+    path, '~', 'file://', a symlink), whether the other job writes here or through a URL.
     """
     path = prepare_output_dir(os.fspath(output_dir))
-    f = open(path / LOCK, "a+", encoding="utf-8")  # "a+": never truncates another job's pid
-    try:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            raise JobError(
-                f"output directory {str(path)!r} is in use by another job (pid "
-                f"{_lock_holder(f)}, lock file {path / LOCK}); wait for it to finish or use "
-                "another output directory"
-            ) from e
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+    with store_lock.hold(OutputDir(path)):
         yield path
-    finally:
-        f.close()  # closing the file releases the lock
 
 
 class ResultStore:
@@ -244,8 +225,9 @@ def open_result_store(output_dir: str, fingerprint: Mapping[str, Any]) -> Result
 
 @contextlib.contextmanager
 def hold_output_dir(output_dir: str) -> Iterator[OutputDir]:
-    """OUTPUT_DIR created and locked while the block runs: `lock_output_dir` locally, a lock
-    object (`store_lock.hold`, best-effort, see there) on an object store."""
+    """OUTPUT_DIR created and locked while the block runs: `lock_output_dir` locally, else
+    `store_lock.hold` (the same lock: a local file when the URL names local files, as file://
+    does; an object, best-effort, on a store)."""
     if not is_remote(output_dir):
         with lock_output_dir(output_dir) as path:
             yield OutputDir(path)

@@ -46,7 +46,7 @@ from speculative.errors import (
     MALFORMED_ERRORS,
     JobError,
     check_path,
-    is_remote,
+    check_slot,
     loader_error,
     strip_path,
 )
@@ -89,6 +89,14 @@ class VocabSpec:
     kind: str = gin.REQUIRED
     path: str | None = None
     extra_ids: int = 100
+
+
+# What each spec is, as a slot bound to the wrong kind of spec says (`errors.check_slot`).
+SPEC_KINDS = {
+    ModelSpec: "a model's weights: format and path",
+    DraftSpec: "a draft that is not a model: prompt lookup, n-grams, layer skip, a feature head",
+    VocabSpec: "a tokenizer",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,13 +147,18 @@ def _gguf_path(role: str, path: Any) -> str:
     return check_path(role, "format 'gguf'", path)
 
 
-def validate_model_spec(spec: ModelSpec | DraftSpec, role: str) -> None:
-    """Raises JobError for a spec that cannot be loaded (checked before any weight is read)."""
+def validate_model_spec(
+    spec: ModelSpec | DraftSpec, role: str, slot: str | None = None, model_only: bool = False
+) -> None:
+    """Raises JobError for a spec that cannot be loaded (checked before any weight is read).
+    model_only: the slot takes a ModelSpec alone (a target's; a draft's takes a DraftSpec too);
+    a spec of a kind the slot does not take is refused naming `slot` (the config field; default:
+    the role)."""
+    takes = (ModelSpec,) if model_only else (ModelSpec, DraftSpec)
+    check_slot(spec, slot or role, role, takes, SPEC_KINDS)
     if isinstance(spec, DraftSpec):
         registry.validate(spec, role)
         return
-    if not isinstance(spec, ModelSpec):
-        raise JobError(f"{role}: expected a speculative.ModelSpec, got {type(spec).__name__}")
     if spec.format not in FORMATS:
         raise JobError(f"{role}: unknown ModelSpec.format {spec.format!r}; known: {FORMATS}")
     try:
@@ -264,14 +277,17 @@ def _cast(params: Any, dtype: Any) -> Any:
     )
 
 
-def load_model(spec: ModelSpec, role: str = "model", partitioner: Any = None) -> Loaded:
+def load_model(
+    spec: ModelSpec, role: str = "model", partitioner: Any = None, slot: str | None = None
+) -> Loaded:
     """Reads the weights a spec names. role ('target', 'draft') prefixes error messages.
 
     With a `partitioning.Partitioner` every parameter is placed on its shards by the role's rules;
     a T5X checkpoint is then read shard by shard (`sharded_checkpoints.load_t5x_sharded`), never
-    whole. A mesh that does not divide the model is a JobError naming the config field.
+    whole. A mesh that does not divide the model is a JobError naming the config field; a spec
+    that is no ModelSpec, one naming `slot` (the config field; default: the role).
     """
-    validate_model_spec(spec, role)
+    validate_model_spec(spec, role, slot, model_only=True)
     chosen = resolved(spec, role)
     if chosen.path != spec.path:
         log.info(
@@ -337,32 +353,9 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
     return with_dtype(spec.model, spec.dtype), params
 
 
-def _local_copy(path: str) -> str:
-    """A local file with the contents of path; gs:// files are read once with TensorStore (its
-    kvstore speaks GCS) into the cache, since SentencePiece only opens local files."""
-    if not is_remote(path):
-        return path
-    import hashlib
-
-    import tensorstore as ts
-
-    local = fetch.default_cache_dir() / "remote" / hashlib.sha256(path.encode()).hexdigest()[:16]
-    local = local.with_name(local.name + "_" + os.path.basename(path))
-    if not local.exists():
-        directory, name = path.rsplit("/", 1)
-        result = ts.KvStore.open(directory + "/").result().read(name).result()
-        if result.state == "missing":
-            raise JobError(f"vocabulary file {path!r} does not exist")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f"{local.name}.{os.getpid()}.part")
-        tmp.write_bytes(bytes(result.value))
-        os.replace(tmp, local)
-    return str(local)
-
-
-def validate_vocab_spec(spec: VocabSpec, role: str) -> None:
-    if not isinstance(spec, VocabSpec):
-        raise JobError(f"{role}: expected a speculative.VocabSpec, got {type(spec).__name__}")
+def validate_vocab_spec(spec: VocabSpec, role: str, slot: str | None = None) -> None:
+    """Raises JobError for a vocabulary that cannot be loaded; slot: as `validate_model_spec`."""
+    check_slot(spec, slot or role, role, (VocabSpec,), SPEC_KINDS)
     if spec.kind not in VOCAB_KINDS:
         raise JobError(f"{role}: unknown VocabSpec.kind {spec.kind!r}; known: {VOCAB_KINDS}")
     if spec.kind == "sentencepiece":
@@ -373,14 +366,18 @@ def validate_vocab_spec(spec: VocabSpec, role: str) -> None:
         check_path(role, "a GGUF vocabulary", spec.path)
 
 
-def load_vocabulary(spec: VocabSpec, role: str = "vocabulary") -> vocab.Vocabulary:
+def load_vocabulary(
+    spec: VocabSpec, role: str = "vocabulary", slot: str | None = None
+) -> vocab.Vocabulary:
     """The tokenizer a spec names; a file it cannot read is a JobError naming role and path."""
-    validate_vocab_spec(spec, role)
+    validate_vocab_spec(spec, role, slot)
     try:
         if spec.kind == "byte":
             return vocab.ByteVocabulary(extra_ids=spec.extra_ids)
         if spec.kind == "sentencepiece":
-            return vocab.SentencePieceVocabulary(_local_copy(spec.path), extra_ids=spec.extra_ids)
+            return vocab.SentencePieceVocabulary(
+                fetch.local_copy(spec.path), extra_ids=spec.extra_ids
+            )
         if spec.kind == "hf":
             return vocab.from_hf(spec.path)
         return vocab.from_gguf(_gguf_path(role, spec.path))
@@ -405,9 +402,7 @@ def check_draft_vocabulary(spec: VocabSpec | None, target_vocabulary: vocab.Voca
 
 
 def fit_vocabulary(
-    vocabulary: vocab.Vocabulary,
-    vocab_path: str,
-    models: dict[str, tuple[Loaded, str]],
+    vocabulary: vocab.Vocabulary, vocab_path: str, models: dict[str, tuple[Loaded, str]]
 ) -> tuple[dict[str, Loaded], dict[str, Any]]:
     """Checks the tokenizer against every model's output size; masks padding ids when needed.
 

@@ -29,11 +29,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, fetch, inputs, logs, metrics, vocab
+from speculative import decoding, fetch, inputs, job_config, logs, metrics, vocab
 from speculative import model_loading as ml
-from speculative.errors import JobError
+from speculative.errors import JobError, check_slot
 from speculative.jobs import common
-from speculative.sampling import SamplingConfig
 
 
 def infer_format(source: str) -> str:
@@ -106,6 +105,50 @@ class Generation:
     seconds: float
 
 
+def decode_arguments(
+    stops: tuple[int, ...],
+    max_new_tokens: Any,
+    gamma: Any,
+    tree: Any,
+    acceptance: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    seed: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decode's keyword arguments from `Pair.generate`'s: (those of every decode, those of
+    speculative decoding alone). Each is refused as the jobs refuse it (`job_config`'s checks,
+    their messages), then by `DecodeConfig`'s own rule (a gamma given with a tree must be its
+    depth). Left unset, gamma is the tree's depth, or `job_config.DEFAULT_GAMMA` for a chain."""
+    job_config.check_count("max_new_tokens", max_new_tokens)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise JobError(f"seed must be an integer, got {seed!r}")
+    sampling = job_config.check_sampling(temperature, top_k, top_p)
+    if gamma is not None:
+        job_config.check_gamma(gamma, auto=False)
+    job_config.check_acceptance(acceptance, 1.0)
+    shape = job_config.check_tree(tree, acceptance, 1.0, decoding.GammaPolicy())
+    if shape is None and gamma is None:
+        gamma = job_config.DEFAULT_GAMMA
+    try:
+        config = decoding.DecodeConfig(
+            max_new_tokens, stops, sampling, gamma, acceptance=acceptance, tree=shape
+        )
+    except ValueError as e:
+        raise JobError(str(e)) from None
+    every = {"max_decode_len": max_new_tokens, "eos_id": stops, "sampling": sampling}
+    speculative = {"gamma": config.gamma, "tree": shape, "acceptance": acceptance}
+    return {**every, "rng": jax.random.PRNGKey(seed)}, speculative
+
+
+def prompt_texts(prompts: Any) -> list[str]:
+    """`Pair.generate`'s prompts as a list: one string, or a non-empty sequence of strings."""
+    texts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(texts, Sequence) or not texts or not all(isinstance(t, str) for t in texts):
+        raise JobError(f"prompts must be a string or a non-empty list of strings, got {prompts!r}")
+    return list(texts)
+
+
 @dataclasses.dataclass(frozen=True)
 class Pair:
     """A loaded target, an optional draft (None: plain decoding) and their vocabulary."""
@@ -119,8 +162,9 @@ class Pair:
         prompts: str | Sequence[str],
         *,
         max_new_tokens: int = 64,
-        gamma: int | None = 4,
-        tree: tuple[int, ...] | None = None,
+        gamma: int | None = None,
+        tree: Any = None,
+        acceptance: str = "token",
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
@@ -129,32 +173,82 @@ class Pair:
     ) -> Generation:
         """Decodes every prompt (one batch, right-padded) with exact speculative decoding, or
         plainly when there is no draft or `speculative` is False. Greedy (temperature 0) output
-        is token for token the target's own; sampled output is distributed as the target's."""
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        is token for token the target's own; sampled output is distributed as the target's.
+
+        gamma: draft tokens a round; unset, `job_config.DEFAULT_GAMMA` (4) for a chain and the
+          depth for a tree (a gamma given with a tree must be its depth).
+        tree: a token tree proposed each round instead of a chain, widths per depth such as
+          (4, 2, 2, 1, 1) or {'parents': (...)} (`decoding.tree`).
+        acceptance: 'token' (the paper's rule) or 'block' (block verification; never accepts
+          fewer tokens a round, and exact too).
+        Every argument is checked as the gin jobs check theirs (`job_config`): a bad one is a
+        one-line `JobError`, with the jobs' message, before anything is decoded.
+
+        Each mode, on tiny random-weight models (a stand-in for real checkpoints: tests run this):
+
+        >>> from speculative.models import decoder
+        >>> def tiny(layers):
+        ...     config = decoder.DecoderConfig(
+        ...         vocab_size=264, emb_dim=32, num_layers=layers, num_heads=4, num_kv_heads=2,
+        ...         head_dim=8, mlp_dim=64, max_seq_len=256)
+        ...     return speculative.ModelSpec("random", model=decoder.DecoderLM(config))
+        >>> byte = speculative.VocabSpec("byte", extra_ids=0)
+        >>> pair = speculative.load_pair(tiny(2), tiny(1), vocabulary=byte)
+        >>> prompts = ["def add(a, b):", "x = 1; x = 1; x"]
+        >>> plain = pair.generate(prompts, max_new_tokens=12, speculative=False)  # plain
+        >>> chain = pair.generate(prompts, max_new_tokens=12)  # a chain of 4 drafts a round
+        >>> chain.tokens == plain.tokens, chain.stats["drafted"] > 0  # greedy: the target's own
+        (True, True)
+        >>> tree = pair.generate(prompts, max_new_tokens=12, tree=(4, 2, 2, 1, 1))  # gamma 5
+        >>> tree.tokens == plain.tokens
+        True
+        >>> block = pair.generate(prompts, max_new_tokens=12, gamma=3, acceptance="block")
+        >>> block.tokens == plain.tokens
+        True
+        >>> lookup = speculative.load_pair(
+        ...     tiny(2), speculative.DraftSpec("prompt_lookup"), vocabulary=byte)
+        >>> lookup.generate(prompts, max_new_tokens=12).tokens == plain.tokens
+        True
+        >>> alone = speculative.load_pair(tiny(2), vocabulary=byte)  # no draft: plain
+        >>> alone.generate(prompts, max_new_tokens=12).texts == plain.texts
+        True
+        """
+        texts = prompt_texts(prompts)
+        if not isinstance(speculative, bool):
+            raise JobError(f"speculative must be True or False, got {speculative!r}")
+        stops = vocab.stop_ids(self.vocabulary)
+        every, drafting = decode_arguments(
+            stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
+        )
         examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
         model = self.target.model
         ids = inputs.tokenize(examples, self.vocabulary, model.is_encoder_decoder)
         batch = inputs.make_batch(ids, model.is_encoder_decoder)
-        stops = vocab.stop_ids(self.vocabulary)
-        common_args = {
-            "max_decode_len": max_new_tokens,
-            "eos_id": stops,
-            "sampling": SamplingConfig(temperature, top_k, top_p),
-            "rng": jax.random.PRNGKey(seed),
-        }
         start = time.perf_counter()
-        if self.draft is None or not speculative:
-            out = decoding.autoregressive_decode(model, self.target.params, batch, **common_args)
+        if self.draft is None or not speculative:  # drafting's arguments checked, then unused
+            out = decoding.autoregressive_decode(model, self.target.params, batch, **every)
         else:
             out = decoding.speculative_decode(
                 model, self.target.params, self.draft.model, self.draft.params, batch,
-                gamma=gamma, tree=tree, **common_args,
+                **every, **drafting,
             )  # fmt: skip
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - start
         tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(texts))]
         decoded = [self.vocabulary.decode([t for t in row if t not in stops]) for row in tokens]
         return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
+
+
+def check_slots(target: Any, draft: Any, vocabulary: Any) -> None:
+    """`load_pair`'s refusal of a spec given in the wrong place (a DraftSpec as the target, say),
+    one line naming the argument, as the jobs name the config field (`errors.check_slot`)."""
+    described = {str: "a registry name or a path", **ml.SPEC_KINDS}
+    check_slot(target, "load_pair target", "target", (str, ml.ModelSpec), described)
+    if draft is not None:
+        takes = (str, ml.ModelSpec, ml.DraftSpec)
+        check_slot(draft, "load_pair draft", "draft", takes, described)
+    if vocabulary is not None:
+        check_slot(vocabulary, "load_pair vocabulary", "vocabulary", (ml.VocabSpec,), described)
 
 
 def load_pair(
@@ -174,6 +268,7 @@ def load_pair(
     """
     if not logging.getLogger("speculative").handlers:  # a notebook: show loading and downloads
         logs.setup()
+    check_slots(target, draft, vocabulary)
     target_spec = model_spec(target, target_model, dtype)
     vocabulary_spec = vocabulary or vocab_spec(target_spec)
     drafts = [] if draft is None else [("draft", model_spec(draft, draft_model, dtype))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import uuid
 from typing import Any
 
 from speculative.errors import JobError, is_remote
@@ -61,6 +62,33 @@ def write_local_atomic(path: str | os.PathLike, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_local(path: str | os.PathLike, data: bytes) -> bool:
+    """Creates a local file holding `data` unless the path exists (False then). The data goes to a
+    temporary file first, hard-linked into place: no reader ever sees the file empty or half
+    written. On a filesystem without hard links: an exclusive create, then the write."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some FUSE and SMB mounts)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    finally:
+        os.remove(tmp)
 
 
 class OutputDir:
@@ -134,17 +162,12 @@ class OutputDir:
         self.write_bytes(name, text.encode("utf-8"))
 
     def create(self, name: str, data: bytes) -> bool:
-        """Writes the file only if it does not exist; False when it does. Atomic where the store
-        has conditional writes (fsspec's mode='create': GCS, S3, local files); elsewhere fsspec
-        checks then writes, so two racing writers may both see True (callers read back)."""
+        """Writes the file only if it does not exist; False when it does. Locally atomic, content
+        included (`create_local`); on a store atomic where it has conditional writes (fsspec's
+        mode='create': GCS, S3), elsewhere fsspec checks then writes, so two racing writers may
+        both see True (callers read back)."""
         if not self.remote:
-            try:
-                fd = os.open(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
+            return create_local(self._path(name), data)
         path = self._path(name)
         try:
             self.fs.pipe_file(path, data, mode="create")
@@ -155,6 +178,26 @@ class OutputDir:
                 return False
             self.fs.pipe_file(path, data)
         return True
+
+    def mtime(self, name: str) -> float | None:
+        """When the file was last written (seconds since the epoch); None where the store does not
+        say. FileNotFoundError when it is gone."""
+        if not self.remote:
+            return os.path.getmtime(self._path(name))
+        try:
+            return self.fs.modified(self._path(name)).timestamp()
+        except (NotImplementedError, AttributeError, TypeError, ValueError):
+            return None
+
+    def local_path(self) -> str | None:
+        """The directory's one local name, whatever the spelling (a path, '~', 'file://', any
+        fsspec filesystem over local files): absolute, symlinks resolved. None on a store."""
+        if self.remote:
+            from fsspec.implementations.local import LocalFileSystem
+
+            if not isinstance(self.fs, LocalFileSystem):
+                return None
+        return os.path.realpath(self.root or "/")
 
     def delete(self, name: str) -> None:
         """Removes the file; nothing when it is already gone."""

@@ -44,7 +44,7 @@ from speculative import configurables, gin_flags, job_io, model_loading, provena
 from speculative import inputs as inputs_lib
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import t5x_write
-from speculative.errors import JobError
+from speculative.errors import JobError, output_location
 from speculative.jobs.train import guards, objective, resume, retention
 
 log = logging.getLogger(__name__)
@@ -284,9 +284,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     that cannot work are refused before anything is read, a rerun with other settings is refused
     (`jobs.train.guards`), and a non-finite loss or gradient norm stops the run before it is
     logged or saved."""
-    job_io.require_local(cfg.output_dir, "the T5 trainer")  # not a local 'gs:' folder
+    output_dir = output_location(cfg.output_dir)  # file://DIR is DIR
+    job_io.require_local(output_dir, "the T5 trainer")  # not a local 'gs:' folder
     guards.validate(cfg)
-    with job_io.lock_output_dir(cfg.output_dir) as out:
+    with job_io.lock_output_dir(output_dir) as out:
         job_io.check_fingerprint(
             out, guards.fingerprint(cfg), name=guards.FINGERPRINT, what="a model"
         )
@@ -295,7 +296,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _datasets(cfg: TrainConfig) -> tuple[Examples, Examples | None]:
     """The encoded training and validation (None without a validation file) examples."""
-    vocabulary = model_loading.load_vocabulary(cfg.vocabulary)
+    vocabulary = model_loading.load_vocabulary(
+        cfg.vocabulary, slot="speculative.TrainConfig.vocabulary"
+    )
     where = model_loading.where(cfg.vocabulary)
     guards.check_vocabulary(vocabulary, where, cfg.model, cfg.teacher)
     train_set = encode(read_pairs(cfg.train_file), vocabulary, cfg.prefix, cfg.feature_lengths)

@@ -1,10 +1,13 @@
-"""The benchmark report's batch-size curve: best gamma per batch and the crossover point."""
+"""The benchmark report's batch-size curve: best gamma per batch and the crossover point; reading
+a benchmark.json through the result-file boundary (torn, foreign or partial files refused)."""
 
+import json
 import math
 
 import pytest
 
 from speculative import benchmark_report
+from speculative.errors import JobError
 
 
 def _cell(batch: int, speedups: dict[int, float], temperature: float = 0.0) -> dict:
@@ -53,3 +56,61 @@ def test_batch_curve_table_names_the_crossover():
     batch = 2 ** (3 * 0.6 / 0.7)
     assert f"crossover (best speedup = 1.0) at batch ≈ {batch:.1f}" in table
     assert not math.isnan(batch)
+
+
+def _write(path, value) -> str:
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return str(path)
+
+
+def test_read_benchmark_returns_a_complete_sweep(tmp_path):
+    result = {"cells": [_cell(1, {2: 1.5})], "complete": True}
+    path = _write(tmp_path / "benchmark.json", result)
+    assert benchmark_report.read_benchmark(path) == result
+    assert benchmark_report.partial_reason(result) is None
+
+
+@pytest.mark.parametrize(
+    ("complete", "why"),
+    [(False, '"complete": false (a sweep still running, or cut short)'), (None, "not marked")],
+)
+def test_read_benchmark_refuses_a_partial_sweep_unless_allowed(tmp_path, complete, why):
+    result = {"cells": [_cell(1, {2: 1.5})]}
+    if complete is not None:
+        result["complete"] = complete
+    path = _write(tmp_path / "benchmark.json", result)
+    with pytest.raises(JobError, match="--allow_partial") as refused:
+        benchmark_report.read_benchmark(path)
+    assert str(refused.value).startswith(f"{path}: is ") and why in str(refused.value)
+    assert benchmark_report.read_benchmark(path, allow_partial=True) == result
+    assert why in benchmark_report.partial_reason(result)
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ('{"cells": [{"batch_size": 1, "tempera', "is not valid JSON: "),
+        ("", "is empty"),
+        ('{"complete": true}', "has no 'cells'"),
+        ('{"cells": {}, "complete": true}', "'cells' is not a list"),
+        ("[]", "holds a JSON list, not an object"),
+    ],
+)
+def test_read_benchmark_names_the_file_of_a_torn_or_foreign_one(tmp_path, text, what):
+    path = _write(tmp_path / "benchmark.json", text)
+    with pytest.raises(JobError) as error:
+        benchmark_report.read_benchmark(path)
+    assert str(error.value).startswith(f"{path}: ") and what in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_read_benchmark_of_a_missing_file(tmp_path):
+    with pytest.raises(JobError, match="benchmark.json: does not exist"):
+        benchmark_report.read_benchmark(tmp_path / "benchmark.json")
+
+
+def test_a_point_without_an_interval_prints_n_a_not_a_zero_width_one():
+    assert benchmark_report.ci_text({"speedup_mean": 1.04, "speedup_ci95": None}) == "1.04x [n/a]"
+    point = {"speedup_mean": 1.04, "speedup_ci95": [0.98, 1.1]}
+    assert benchmark_report.ci_text(point) == "1.04x [0.98, 1.10]"
+    assert benchmark_report.ci_text({"speedup": 1.0}) == ""  # recorded before intervals

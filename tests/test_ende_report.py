@@ -12,6 +12,7 @@ import pathlib
 import pytest
 
 from speculative import metrics
+from speculative.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ende_report", ROOT / "scripts" / "ende_report.py")
@@ -61,8 +62,15 @@ def _point(variant: str, gamma: int, speedup: float, mean: float | None = None, 
     return point
 
 
-def _benchmark(path: pathlib.Path, t: float, points: list[dict], plain_tokens=None) -> None:
-    """A benchmark.json of one cell at temperature t, as speculative.benchmark writes it."""
+def _benchmark(
+    path: pathlib.Path,
+    t: float,
+    points: list[dict],
+    plain_tokens=None,
+    complete: bool | None = True,
+) -> None:
+    """A benchmark.json of one cell at temperature t, as speculative.benchmark writes it (marked
+    complete; `complete` False: a sweep cut short; None: no mark, as before it was recorded)."""
     variants = {p["variant"]: {"alpha": 0.4, "c": 0.05} for p in points}
     cell = {
         "temperature": t, "points": points, "variants": variants, "plain_s_per_token": 0.002,
@@ -70,8 +78,11 @@ def _benchmark(path: pathlib.Path, t: float, points: list[dict], plain_tokens=No
     }  # fmt: skip
     if plain_tokens is not None:
         cell["plain_mean_output_tokens"] = plain_tokens
+    result = {"cells": [cell], "num_examples": 64}
+    if complete is not None:
+        result["complete"] = complete
     path.mkdir(parents=True)
-    (path / "benchmark.json").write_text(json.dumps({"cells": [cell], "num_examples": 64}))
+    (path / "benchmark.json").write_text(json.dumps(result))
 
 
 def _printed(capsys, *argv: str) -> tuple[int, str]:
@@ -135,7 +146,7 @@ def test_table2_of_runs_from_before_the_validation_split(tmp_path, capsys):
 def test_a_test_run_without_the_validation_gamma_is_an_error(tmp_path):
     _benchmark(tmp_path / "benchmark_validation_t0", 0.0, [_point("small", 3, 1.1, 1.1)])
     _benchmark(tmp_path / "benchmark_test_t0", 0.0, [_point("small", 2, 1.0, 1.0)])
-    with pytest.raises(SystemExit, match="benchmark_test_t0/benchmark.json: .*gamma 3"):
+    with pytest.raises(JobError, match="benchmark_test_t0/benchmark.json: .*gamma 3"):
         ende_report.benchmark_table(tmp_path)
 
 
@@ -180,3 +191,160 @@ def test_a_report_of_no_runs_is_refused_and_writes_nothing(tmp_path, capsys, run
     (tmp_path / "empty").mkdir()
     assert ende_report.main(["--runs", str(tmp_path / runs), "--out", str(out)]) == 2
     assert "nothing to report in" in capsys.readouterr().err and not out.exists()
+
+
+def _one_error_line(capsys, *argv: str) -> str:
+    """main(argv) exits 2 after exactly one line on stderr, `error: ...`, and no traceback."""
+    assert ende_report.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ")
+    return err.strip()
+
+
+def _validation_and_test(runs: pathlib.Path, test_complete: bool | None = True) -> None:
+    """A validation sweep (small's best mean at gamma 2) and the test run at that gamma."""
+    _benchmark(runs / "benchmark_validation_t0", 0.0, [_point("small", 2, 1.1, 1.1)])
+    test = runs / "benchmark_test_t0"
+    _benchmark(test, 0.0, [_point("small", 2, 1.05, 1.04)], complete=test_complete)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "what"),
+    [
+        (
+            "benchmark_test_t0/benchmark.json",
+            '{"cells": [{"temperature": 0.0, "poi',
+            "not valid JSON",
+        ),
+        ("benchmark_test_t0/benchmark.json", "", "is empty"),
+        ("benchmark_test_t0/benchmark.json", "[1, 2]", "not an object"),
+        ("benchmark_test_t0/benchmark.json", '{"complete": true}', "has no 'cells'"),
+        ("target/summary.json", '{"parameters": 10, "ste', "not valid JSON"),
+        ("target/summary.json", '{"parameters": 10}', "has no 'steps'"),
+        ("alpha_tf/t0_small.json", '{"alpha": 0.5}', "has no 'tokens'"),
+        ("alpha/t0_small/summary.json", "\udcff", "not UTF-8 text"),
+    ],
+)
+def test_a_torn_or_foreign_result_file_is_one_line_naming_it(tmp_path, capsys, name, text, what):
+    """The report reads every result file through the one boundary: exit 2, one line naming the
+    file and what is wrong, nothing written."""
+    _validation_and_test(tmp_path)
+    alpha = {"alpha": 0.5, "tokens": 9, "examples": 2, "tau": 1.5, "gamma": 4}
+    _result(tmp_path / "alpha/t0_small/summary.json", None)
+    (tmp_path / "alpha/t0_small/summary.json").write_text(json.dumps(alpha))
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff
+    out = tmp_path / "out"
+    line = _one_error_line(capsys, "--runs", str(tmp_path), "--out", str(out))
+    assert line.startswith(f"error: {path}: ") and what in line
+    assert not out.exists()
+
+
+def test_a_torn_predictions_line_is_named_with_its_file_and_line(tmp_path, capsys):
+    plain = tmp_path / "rows" / "t0_plain"
+    plain.mkdir(parents=True)
+    (plain / "summary.json").write_text(json.dumps({"this_run": {"tokens_per_s": 10.0}}))
+    row = {"index": 0, "output": "a", "output_ids": [1], "length": 1, "targets": "a"}
+    (plain / "predictions.jsonl").write_text(json.dumps(row) + '\n{"index": 1, "outp')
+    line = _one_error_line(capsys, "--runs", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert line.startswith(f"error: {plain / 'predictions.jsonl'}: line 2 is not valid JSON")
+    assert "cut short" in line
+
+
+@pytest.mark.parametrize("complete", [False, None])
+def test_a_report_of_an_incomplete_benchmark_is_refused_unless_allowed_and_then_labelled(
+    tmp_path, capsys, complete
+):
+    """A benchmark.json marked "complete": false (a sweep running or killed), or not marked at all,
+    is refused; with --allow_partial the report is built and says it is partial: printed, on
+    stderr, in report.json and as report.md's first line."""
+    _validation_and_test(tmp_path, test_complete=complete)
+    test_file = tmp_path / "benchmark_test_t0" / "benchmark.json"
+    out = tmp_path / "out"
+    line = _one_error_line(capsys, "--runs", str(tmp_path), "--out", str(out))
+    assert line.startswith(f"error: {test_file}: ") and '"complete"' in line
+    assert "--allow_partial" in line and not out.exists()
+    code = ende_report.main(["--runs", str(tmp_path), "--out", str(out), "--allow_partial"])
+    printed = capsys.readouterr()
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [r["draft"] for r in report["benchmark"]] == ["small"]
+    (entry,) = report["partial"]
+    assert entry.startswith("benchmark_test_t0/benchmark.json is ") and "complete" in entry
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("**PARTIAL REPORT (--allow_partial): built from benchmark_test_t0/")
+    assert printed.out.startswith("**PARTIAL REPORT") and "PARTIAL REPORT" in printed.err
+
+
+def test_a_report_of_complete_benchmarks_is_not_labelled(tmp_path, capsys):
+    _validation_and_test(tmp_path)
+    assert ende_report.main(["--runs", str(tmp_path), "--allow_partial"]) == 0
+    out = tmp_path / "report"  # the default: beside the runs, not a committed folder
+    assert json.loads((out / "report.json").read_text())["partial"] == []
+    assert "PARTIAL" not in (out / "report.md").read_text() + capsys.readouterr().err
+
+
+def test_the_gamma_of_an_incomplete_validation_sweep_is_refused_unless_allowed(tmp_path, capsys):
+    points = [_point("small", 2, 1.1, 1.1), _point("small", 3, 1.0, 1.0)]
+    _benchmark(tmp_path / "benchmark_validation_t0", 0.0, points, complete=False)
+    argv = ["--runs", str(tmp_path), "--validation_gamma", "small", "0"]
+    line = _one_error_line(capsys, *argv)
+    assert str(tmp_path / "benchmark_validation_t0" / "benchmark.json") in line
+    assert ende_report.main([*argv, "--allow_partial"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.strip() == "2" and "PARTIAL REPORT" in printed.err
+
+
+def test_an_existing_report_is_refused_unless_overwrite(tmp_path, capsys):
+    """No report replaces one already written (a committed one, say) unless asked to."""
+    _validation_and_test(tmp_path)
+    out = tmp_path / "committed"
+    out.mkdir()
+    (out / "report.md").write_text("the committed tables\n")
+    line = _one_error_line(capsys, "--runs", str(tmp_path), "--out", str(out))
+    assert line.startswith(f"error: {out / 'report.json'}: already exists") or line.startswith(
+        f"error: {out / 'report.md'}: already exists"
+    )
+    assert "--overwrite" in line
+    assert (out / "report.md").read_text() == "the committed tables\n"
+    assert not (out / "report.json").exists()
+    assert ende_report.main(["--runs", str(tmp_path), "--out", str(out), "--overwrite"]) == 0
+    assert "| small | 0.0 | 2 |" in (out / "report.md").read_text()
+    # and the default output, RUNS/report, is refused the second time alike
+    assert ende_report.main(["--runs", str(tmp_path)]) == 0
+    assert "already exists" in _one_error_line(capsys, "--runs", str(tmp_path))
+
+
+def test_the_default_output_is_beside_the_runs_not_a_committed_folder():
+    args = ende_report._parser().parse_args([])
+    assert args.out is None and not args.overwrite and not args.allow_partial
+
+
+def test_the_command_line_prints_one_line_and_exits_2_on_a_torn_benchmark(tmp_path):
+    """As a user runs it (scripts/ende_report.py, the tables module beside it): no traceback."""
+    import subprocess
+    import sys
+
+    (tmp_path / "benchmark_t0").mkdir()
+    torn = tmp_path / "benchmark_t0" / "benchmark.json"
+    torn.write_text('{"cells": [{"temperature": 0.0, "points": [{"gam')
+    script = ROOT / "scripts" / "ende_report.py"
+    argv = [sys.executable, str(script), "--runs", str(tmp_path), "--out", str(tmp_path / "o")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: {torn}: is not valid JSON: ") and "(line 1, column" in line
+
+
+def test_a_malformed_times_line_is_one_line_naming_the_file(tmp_path, capsys):
+    _validation_and_test(tmp_path)
+    (tmp_path / "times.tsv").write_text("train target\t60\n\nbenchmark\tslow\n")
+    line = _one_error_line(capsys, "--runs", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert line == f"error: {tmp_path / 'times.tsv'}: line 3 is not '<step>\\t<seconds>'"
+    (tmp_path / "times.tsv").write_text("train target\t60\n\ntrain target\t30\n")  # resumed
+    assert ende_report.main(["--runs", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["times_s"] == {
+        "train target": 90
+    }

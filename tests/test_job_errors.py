@@ -11,9 +11,11 @@ import gzip
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -169,17 +171,66 @@ def test_second_job_is_refused_naming_the_holder_and_a_killed_holder_does_not_bl
     try:
         assert holder.stdout.readline().strip() == "locked"
         inputs = _jsonl(tmp_path / "in.jsonl", ["a"])
-        with pytest.raises(JobError, match=rf"in use by another job \(pid {holder.pid}"):
+        with pytest.raises(JobError, match=rf"in use by another job \(host .*, pid {holder.pid},"):
             infer.main(_flags(inputs, out))
         assert not (out / "predictions.jsonl").exists()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert (out / job_io.LOCK).read_text().strip() == str(holder.pid)  # stale: its holder died
-    with job_io.lock_output_dir(out):
-        assert (out / job_io.LOCK).read_text().strip() == str(os.getpid())
+    assert _lock_pid(out) == holder.pid  # left behind: its holder died
+    with job_io.lock_output_dir(out):  # taken over once its heartbeat is a few seconds old
+        assert _lock_pid(out) == os.getpid()
     with job_io.lock_output_dir(out):  # released on exit
         pass
+
+
+def _lock_pid(out: pathlib.Path) -> int:
+    return json.loads((out / job_io.LOCK).read_text())["pid"]
+
+
+def test_one_directory_as_a_path_and_a_file_url_is_one_lock_across_a_kill(tmp_path):
+    """Issue 40: a job on DIR and one on file://DIR share DIR/.lock and DIR/predictions.jsonl;
+    after the first is killed the rerun on file://DIR resumes with every row once."""
+    inputs = _jsonl(tmp_path / "in.jsonl", ["Hi", "Ein", "x = 1", "abc", "Hey"])
+    out = tmp_path / "o"
+    flags = _flags(inputs, out, "--gin.BATCH_SIZE=2")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "first.log"
+    with open(log, "w") as log_file:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "speculative.infer", *flags],
+            cwd=ROOT, env=env, stdout=log_file, stderr=log_file,
+        )  # fmt: skip
+    predictions = out / "predictions.jsonl"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            if predictions.exists() and predictions.stat().st_size > 0:
+                break
+            time.sleep(0.01)
+        first.send_signal(signal.SIGSTOP)  # alive, at a point with rows written: it cannot end
+        assert first.poll() is None, log.read_text()[-3000:]
+        written = predictions.read_bytes()
+        lock = re.escape(os.path.join(os.path.realpath(out), job_io.LOCK))
+        url = f"file://{out}"
+        # file://DIR is DIR (one storage layout, one lock): the message names the directory
+        refused = rf"'{re.escape(str(out))}' is in use .*pid {first.pid},.*file {lock}"
+        with pytest.raises(JobError, match=refused):
+            infer.main(_flags(inputs, url, "--gin.BATCH_SIZE=2"))
+        assert predictions.read_bytes() == written and not (out / "predictions").exists()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert _lock_pid(out) == first.pid
+    done = written.count(b"\n")
+    assert 1 <= done < 5
+    # the rerun under the other spelling waits out the dead job's last heartbeat, then resumes
+    # the same predictions.jsonl (no chunk files)
+    rerun = infer.main(_flags(inputs, url, "--gin.BATCH_SIZE=2"))
+    assert rerun["this_run"]["decoded_examples"] == 5 - done
+    assert not (out / "predictions").exists()
+    assert sorted(r["index"] for r in _rows(out)) == [0, 1, 2, 3, 4]  # each row once
+    assert not (out / job_io.LOCK).exists()
 
 
 # ------------------------------------------------------------------------------------------------

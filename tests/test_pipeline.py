@@ -3,6 +3,7 @@ format, the jobs' loading and checks, and exact output from strings."""
 
 from __future__ import annotations
 
+import doctest
 import json
 
 import pytest
@@ -31,8 +32,9 @@ def test_generate_from_strings_is_exact_and_reports_stats():
     assert spec.texts[1] == pair.vocabulary.decode(spec.tokens[1])
     assert 0.0 <= spec.stats["alpha"] <= 1.0 and spec.stats["tau"] > 1.0  # shared layer: agrees
     assert spec.stats["tokens"] == sum(map(len, spec.tokens)) and "alpha" not in plain.stats
-    tree = pair.generate("x", max_new_tokens=24, gamma=None, tree=(2, 1, 1))
+    tree = pair.generate("x", max_new_tokens=24, tree=(2, 1, 1))  # gamma unset: the depth
     assert tree.tokens[0] == plain.tokens[1]
+    assert pair.generate("x", max_new_tokens=24, gamma=3, tree=(2, 1, 1)).tokens == tree.tokens
 
 
 def test_sampled_generation_follows_the_seed():
@@ -74,3 +76,64 @@ def test_load_errors_are_the_jobs_one_line_errors():
     wide = speculative.ModelSpec("random", None, tiny_decoder_model(200, 32, 1, 4, 2))
     with pytest.raises(JobError, match="output ids but the vocabulary"):
         speculative.load_pair(wide, vocabulary=BYTES)
+
+
+def test_the_docstring_examples_run():
+    """`Pair.generate`'s examples, one per mode (plain, chain, tree, block, prompt lookup), on tiny
+    random-weight models: what the documentation shows is what the code does."""
+    failed, attempted = doctest.testmod(
+        pipeline, extraglobs={"speculative": speculative}, optionflags=doctest.ELLIPSIS
+    )
+    assert attempted >= 15 and failed == 0
+
+
+LOOKUP = speculative.DraftSpec("prompt_lookup")
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"gamma": 0}, "GAMMA must be an integer >= 1, got 0"),
+        ({"gamma": "auto"}, "GAMMA must be an integer >= 1, got 'auto'"),
+        ({"gamma": True}, "GAMMA must be an integer >= 1, got True"),
+        (
+            {"gamma": 4, "tree": (2, 1, 1)},
+            "gamma 4 differs from the depth of .* \\(3\\); leave gamma unset with a tree",
+        ),
+        ({"tree": "wide"}, "TREE: a tree is a tuple of widths per depth"),
+        ({"tree": (2, 1), "acceptance": "block"}, "TREE is verified by the exact tree rule"),
+        ({"acceptance": "blocks"}, "ACCEPTANCE must be one of"),
+        ({"temperature": -1.0}, "sampling: SamplingConfig.temperature must be >= 0"),
+        ({"top_k": 1.5}, "sampling: SamplingConfig.top_k must be an integer >= 0"),
+        ({"top_p": 0.0}, "sampling: SamplingConfig.top_p must be in \\(0, 1\\]"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+        ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+        ({"speculative": "no"}, "speculative must be True or False, got 'no'"),
+    ],
+)
+def test_generate_refuses_bad_arguments_with_the_jobs_messages(arguments, message):
+    pair = speculative.load_pair(random_spec(1, 0), LOOKUP, vocabulary=BYTES)
+    with pytest.raises(JobError, match=f"^{message}"):
+        pair.generate("x", **arguments)
+
+
+@pytest.mark.parametrize("prompts", [[], "", [1, 2], None, [["x"]]])
+def test_generate_refuses_prompts_that_are_not_texts(prompts):
+    pair = speculative.load_pair(random_spec(1, 0), LOOKUP, vocabulary=BYTES)
+    match = "prompts must be|input 0 is empty after tokenization"
+    with pytest.raises(JobError, match=match):
+        pair.generate(prompts)
+
+
+def test_load_pair_refuses_a_spec_given_for_another_argument():
+    with pytest.raises(JobError) as e:
+        speculative.load_pair(LOOKUP, vocabulary=BYTES)
+    assert str(e.value) == (
+        "load_pair target: got a DraftSpec (a draft that is not a model: prompt lookup, n-grams, "
+        "layer skip, a feature head); the target slot takes a str (a registry name or a path) or "
+        "a ModelSpec (a model's weights: format and path)"
+    )
+    with pytest.raises(JobError, match="^load_pair draft: got a VocabSpec .*; the draft slot"):
+        speculative.load_pair(random_spec(1, 0), BYTES, vocabulary=BYTES)
+    with pytest.raises(JobError, match="^load_pair vocabulary: got a ModelSpec .*; the vocab"):
+        speculative.load_pair(random_spec(1, 0), vocabulary=random_spec(1, 0))

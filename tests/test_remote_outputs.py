@@ -26,6 +26,7 @@ from speculative import (
     chunk_store,
     gin_flags,
     infer,
+    job_io,
     job_spmd,
     store_lock,
     train,
@@ -95,6 +96,13 @@ def _dead_pid() -> int:
     return child.pid
 
 
+def _lock(**fields) -> bytes:
+    """A lock file as this process would write it, with `fields` changed."""
+    return json.dumps(
+        {**json.loads(store_lock.record("x", store_lock.LOCAL_STALE_S)), **fields}
+    ).encode()
+
+
 def test_infer_on_a_store_resumes_after_a_kill_and_equals_the_local_run(tmp_path, store):
     inputs = helpers.write_jsonl(tmp_path / "in.jsonl", PROMPTS)
     local = infer.main(_flags(inputs, str(tmp_path / "local")))
@@ -116,10 +124,9 @@ def test_infer_on_a_store_resumes_after_a_kill_and_equals_the_local_run(tmp_path
         "chunk-00001.jsonl",
     ]
     assert not out.exists("predictions.jsonl")
-    # A SIGKILL leaves the lock object behind; its process is gone, so it is taken over.
-    out.write_bytes(
-        store_lock.LOCK, json.dumps({"host": socket.gethostname(), "pid": _dead_pid()}).encode()
-    )
+    # A SIGKILL leaves the lock object behind; its process is gone and its heartbeat stale, so it
+    # is taken over.
+    out.write_bytes(store_lock.LOCK, _lock(pid=_dead_pid(), heartbeat=time.time() - 300))
     resumed = infer.main(_flags(inputs, store))
     assert resumed["this_run"]["decoded_examples"] == 3  # chunk 1's rows again, and chunk 2's
     assert out.listdir("predictions") == [
@@ -174,6 +181,74 @@ def test_second_job_on_a_store_is_refused_and_a_stale_lock_is_taken_over(tmp_pat
     out.write_bytes(store_lock.LOCK, json.dumps(other).encode())  # taken over by someone
     beat.beat()
     assert beat.lost and store_lock.read_record(out)["owner"] == "x"  # not overwritten
+
+
+def test_a_fresh_heartbeat_is_never_taken_over_and_a_dead_job_with_a_stale_one_is(tmp_path):
+    """Issue 40: a lock is taken over only when its job is provably gone."""
+    out, host, dead = OutputDir(tmp_path).prepare(), socket.gethostname(), _dead_pid()
+    path = tmp_path / store_lock.LOCK
+
+    def taken(wait_s: float = 0.0) -> bool:
+        try:
+            store_lock.acquire(out, "me", wait_s=wait_s)
+        except JobError:
+            return False
+        return store_lock.read_record(out)["owner"] == "me"
+
+    # The host name only (containers): its pid, dead here or alive, says nothing; fresh wins.
+    for pid in (dead, os.getpid()):
+        path.write_bytes(_lock(machine="another container", pid=pid))
+        with pytest.raises(JobError, match=rf"\(host {host}, pid {pid}, heartbeat 0s ago"):
+            store_lock.acquire(out, "me")
+    assert store_lock.read_record(out)["owner"] == "x"
+    # This machine, its process gone, its heartbeat fresh: refused, or waited out within WAIT_S.
+    path.write_bytes(_lock(pid=dead, stale_s=store_lock.STALE_S))
+    with pytest.raises(JobError, match="process is gone; its lock is taken over once its heart"):
+        store_lock.acquire(out, "me")
+    beat = time.time() - 1
+    path.write_bytes(_lock(pid=dead, heartbeat=beat))
+    assert not taken() and store_lock.read_record(out)["owner"] == "x"
+    assert taken(wait_s=store_lock.WAIT_S) and time.time() > beat + store_lock.LOCAL_STALE_S
+    # Dead and stale: taken over at once. Alive here and stale (hung): refused.
+    path.write_bytes(_lock(pid=dead, heartbeat=time.time() - 10))
+    assert taken()
+    path.write_bytes(_lock(pid=os.getpid(), heartbeat=time.time() - 10))
+    with pytest.raises(JobError, match=rf"pid {os.getpid()} if it is hung"):
+        store_lock.acquire(out, "me")
+    # Elsewhere, silent for STALE_S: taken over, whatever its pid.
+    path.write_bytes(_lock(machine="elsewhere", heartbeat=time.time() - store_lock.STALE_S - 1))
+    assert taken()
+    # Unreadable (torn): refused, kept and named while fresh; taken over once old.
+    path.write_bytes(b'{"owner": "x", "ho')
+    with pytest.raises(JobError, match=rf"lock file {re.escape(str(path))} cannot be read \(wr"):
+        store_lock.acquire(out, "me")
+    assert path.read_bytes() == b'{"owner": "x", "ho'
+    old = time.time() - store_lock.STALE_S - 1
+    os.utime(path, (old, old))
+    assert taken()
+
+
+def test_tilde_symlink_and_file_url_name_one_lock(tmp_path, monkeypatch):
+    """Issue 40: however a directory is named, its jobs take one lock file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real = tmp_path / "runs" / "x"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    names = [
+        "~/runs/x", str(real), f"{tmp_path}/runs/../runs/x/", str(tmp_path / "link"),
+        f"file://{real}", f"file://{tmp_path}/link/", "file://~/runs/x",
+    ]  # fmt: skip
+    lock = os.path.realpath(real)
+    assert {store_lock.lock_dir(OutputDir(name)).url for name in names} == {lock}
+    for first in names:
+        with job_io.hold_output_dir(first):
+            for second in names:
+                with pytest.raises(JobError, match=f"file {re.escape(lock)}/.lock"):
+                    with job_io.hold_output_dir(second):
+                        pass
+        with job_io.hold_output_dir(names[-1 - names.index(first)]):
+            pass  # released
+    assert sorted(os.listdir(real)) == []  # no lock, no probe, no temporary file left
 
 
 @pytest.fixture(params=["memory", "teststore"])

@@ -12,6 +12,11 @@ random. A resample's speedup is the ratio of throughputs,
 
 summed over its drawn batches, so it holds at T > 0 where the two programs' outputs differ in
 length (at T = 0 the tokens are equal and it is the ratio of times).
+
+Too few runs give no interval: from one batch a resample can only redraw that batch, and from one
+repeat a batch's noise is never redrawn, so the percentiles would collapse to a zero-width
+"[0.48, 0.48]" that looks like certainty. Below MIN_BATCHES batches or MIN_REPEATS repeats (of
+either program) the interval is None (null in benchmark.json, "n/a" in tables); the mean stays.
 """
 
 from __future__ import annotations
@@ -23,15 +28,31 @@ import numpy as np
 
 RESAMPLES = 2000
 SEED = 0
+MIN_BATCHES = 2  # an interval needs at least this many batches ...
+MIN_REPEATS = 2  # ... and this many repeats of each program per batch
 
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """mean: the mean speedup over the resamples; lo, hi: their 2.5th and 97.5th percentiles."""
+    """mean: the mean speedup over the resamples; lo, hi: their 2.5th and 97.5th percentiles,
+    both None where too few runs were timed for an interval (module docstring)."""
 
     mean: float
-    lo: float
-    hi: float
+    lo: float | None
+    hi: float | None
+
+    @property
+    def ci95(self) -> list[float] | None:
+        """[lo, hi], or None without an interval: what benchmark.json records."""
+        return None if self.lo is None or self.hi is None else [self.lo, self.hi]
+
+
+def has_interval(plain_s: Sequence[Sequence[float]], spec_s: Sequence[Sequence[float]]) -> bool:
+    """Whether both programs' runs [batches][repeats] are enough for an interval: at least
+    MIN_BATCHES batches and MIN_REPEATS repeats of each program."""
+    plain, spec = _times(plain_s, "plain"), _times(spec_s, "speculative")
+    batches = min(plain.shape[0], spec.shape[0])
+    return batches >= MIN_BATCHES and min(plain.shape[1], spec.shape[1]) >= MIN_REPEATS
 
 
 def _times(seconds: Sequence[Sequence[float]], role: str) -> np.ndarray:
@@ -97,7 +118,11 @@ def speedup_interval(
     resamples: int = RESAMPLES,
     seed: int = SEED,
 ) -> Interval:
-    """The bootstrap mean and 95% percentile interval of the speedup (`speedup_resamples`)."""
+    """The bootstrap mean and 95% percentile interval of the speedup (`speedup_resamples`); the
+    interval's lo and hi are None below MIN_BATCHES x MIN_REPEATS runs (module docstring)."""
     values = speedup_resamples(plain_s, plain_tokens, spec_s, spec_tokens, resamples, seed)
+    mean = float(np.mean(values))
+    if not has_interval(plain_s, spec_s):
+        return Interval(mean, None, None)
     lo, hi = np.percentile(values, [2.5, 97.5])
-    return Interval(float(np.mean(values)), float(lo), float(hi))
+    return Interval(mean, float(lo), float(hi))

@@ -24,7 +24,8 @@ class Point:
     speculative_batch_repeat_s: every timed run, [batches][repeats]; speculative_batch_tokens:
     tokens per batch; speculative_mean_output_tokens: tokens per example (the cell holds the same
     three of its plain baseline). speedup_mean, speedup_ci95: the bootstrap mean and 95% interval
-    of the speedup over inputs and repeats (`measure.bootstrap`, paired with the plain baseline).
+    of the speedup over inputs and repeats (`measure.bootstrap`, paired with the plain baseline;
+    the interval None below 2 batches x 2 repeats).
     decode_speedup: both prefills subtracted (the draft's too), the decode loops alone, as Thm 3.8
     models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
     round_s: measured seconds per speculative round (decode time without the prefills / rounds,
@@ -60,7 +61,7 @@ class Point:
     speculative_mean_output_tokens: float
     speedup: float
     speedup_mean: float
-    speedup_ci95: list[float]
+    speedup_ci95: list[float] | None
     decode_speedup: float
     predicted_speedup: float
     cost_model_speedup: float
@@ -123,7 +124,7 @@ def speedup_spread(plain: Timed, spec: Timed) -> dict[str, Any]:
         "speculative_batch_tokens": spec.batch_tokens,
         "speculative_mean_output_tokens": spec.mean_output_tokens,
         "speedup_mean": interval.mean,
-        "speedup_ci95": [interval.lo, interval.hi],
+        "speedup_ci95": interval.ci95,  # None (null) below 2 batches x 2 repeats
     }
 
 

@@ -14,23 +14,28 @@ import gin
 
 from speculative import decoding, job_config
 from speculative import model_loading as ml
-from speculative.errors import JobError
+from speculative.errors import JobError, output_location
 from speculative.job_config import BenchmarkConfig, Variant
 from speculative.jobs import common
 from speculative.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 
+SLOT = "speculative.BenchmarkConfig."  # what a spec bound to the wrong slot is named by
+
 
 def validate(cfg: BenchmarkConfig) -> None:
     """Raises JobError for a config the job cannot run (before any weight or input is read)."""
     common.check_required(cfg, ("target", "vocabulary", "output_dir"))
-    ml.validate_model_spec(cfg.target, "target")
+    ml.validate_model_spec(cfg.target, "target", SLOT + "target", model_only=True)
     if cfg.variants is None or any(v.draft is None for v in cfg.variants):
         if cfg.draft is gin.REQUIRED:
             raise JobError("speculative.BenchmarkConfig.draft is required")
-        ml.validate_model_spec(cfg.draft, "draft")
-    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+        ml.validate_model_spec(cfg.draft, "draft", SLOT + "draft")
+    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary", SLOT + "vocabulary")
+    if cfg.draft_vocabulary is not None:
+        slot = SLOT + "draft_vocabulary"
+        ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary", slot)
     job_config.check_lenience(cfg.lenience)
     job_config.check_acceptance(cfg.acceptance, cfg.lenience)
     for name in ("gammas", "batch_sizes"):
@@ -42,12 +47,8 @@ def validate(cfg: BenchmarkConfig) -> None:
             f"temperatures must be a non-empty list of values >= 0, got {cfg.temperatures}"
         )
     for temperature in cfg.temperatures:  # TOP_K / TOP_P refused now, not after loading weights
-        try:
-            SamplingConfig(float(temperature), cfg.top_k, cfg.top_p)
-        except (TypeError, ValueError) as e:
-            raise JobError(f"sampling: {e}") from None
-    if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
-        raise JobError(f"repeats must be an integer >= 1, got {cfg.repeats!r}")
+        job_config.check_sampling(temperature, cfg.top_k, cfg.top_p)
+    job_config.check_count("repeats", cfg.repeats)
     job_config.check_num_examples(cfg.num_examples)
     if cfg.variants is not None:
         if cfg.lenience != 1:  # variants_of would drop it without a word
@@ -72,7 +73,8 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
             raise JobError(f"variant {v.name!r}: duplicate name")
         names.add(v.name)
         if v.draft is not None:
-            ml.validate_model_spec(v.draft, f"variant {v.name!r} draft")
+            slot = f"speculative.Variant.draft (variant {v.name!r})"
+            ml.validate_model_spec(v.draft, f"variant {v.name!r} draft", slot)
         try:
             job_config.check_lenience(v.lenience)
             job_config.check_acceptance(v.acceptance, v.lenience)
@@ -255,5 +257,5 @@ def resolve(cfg: BenchmarkConfig, partitioner: Any = None) -> Settings:
         top_p=cfg.top_p,
         score_outputs=cfg.score_outputs,
     )
-    run = Run(cfg.output_dir, cfg.repeats, cfg.seed, cfg.compilation_cache_dir)
+    run = Run(output_location(cfg.output_dir), cfg.repeats, cfg.seed, cfg.compilation_cache_dir)
     return Settings(models, inputs, sweep, run)

@@ -11,7 +11,7 @@ from typing import Any
 
 from speculative import decoding, job_config, vocab
 from speculative import model_loading as ml
-from speculative.errors import JobError
+from speculative.errors import JobError, output_location
 from speculative.inputs import Example
 from speculative.job_config import InferConfig
 from speculative.job_io import examples_digest
@@ -21,27 +21,29 @@ from speculative.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 
+SLOT = "speculative.InferConfig."  # what a spec bound to the wrong slot is named by
+
 
 def validate(cfg: InferConfig) -> None:
     """Raises JobError for a config the job cannot run (before any weight or input is read)."""
     common.check_required(cfg, ("target", "vocabulary", "output_dir"))
-    ml.validate_model_spec(cfg.target, "target")
-    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary")
+    ml.validate_model_spec(cfg.target, "target", SLOT + "target", model_only=True)
+    ml.validate_vocab_spec(cfg.vocabulary, "vocabulary", SLOT + "vocabulary")
     if cfg.speculative:
         if cfg.draft is None:
             raise JobError(
                 "SPECULATIVE is on but no draft model is bound (speculative.InferConfig.draft)"
             )
-        ml.validate_model_spec(cfg.draft, "draft")
+        ml.validate_model_spec(cfg.draft, "draft", SLOT + "draft")
         if cfg.draft_vocabulary is not None:
-            ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary")
+            slot = SLOT + "draft_vocabulary"
+            ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary", slot)
     check_gamma(cfg)
     job_config.check_lenience(cfg.lenience, greedy=cfg.sampling.greedy)
     job_config.check_acceptance(cfg.acceptance, cfg.lenience)
     if cfg.speculative:
         check_tree(cfg)
-    if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
-        raise JobError(f"batch_size must be an integer >= 1, got {cfg.batch_size!r}")
+    job_config.check_count("batch_size", cfg.batch_size)
     lengths = dict(cfg.feature_lengths)
     if set(lengths) != {"inputs", "targets"} or min(lengths.values()) < 1:
         raise JobError(
@@ -64,8 +66,7 @@ def check_gamma(cfg: InferConfig) -> None:
     """Raises JobError unless GAMMA is an int >= 1 or 'auto' (with sane planner settings) and
     GAMMA_POLICY is a GammaPolicy. 'auto' with SPECULATIVE = False is ignored: plain decoding
     was asked for, so there is nothing to plan."""
-    if not (_is_count(cfg.gamma) or cfg.gamma == "auto"):
-        raise JobError(f"GAMMA must be an integer >= 1 or 'auto', got {cfg.gamma!r}")
+    job_config.check_gamma(cfg.gamma)
     if not isinstance(cfg.gamma_policy, decoding.GammaPolicy):
         raise JobError(f"GAMMA_POLICY must be a @decoding.GammaPolicy(), got {cfg.gamma_policy!r}")
     if cfg.gamma != "auto" or not cfg.speculative:
@@ -78,10 +79,7 @@ def check_gamma(cfg: InferConfig) -> None:
     gammas = cfg.planner_gammas
     if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
         raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
-    if not _is_count(cfg.planner_warmup_gamma):
-        raise JobError(
-            f"planner_warmup_gamma must be an integer >= 1, got {cfg.planner_warmup_gamma!r}"
-        )
+    job_config.check_count("planner_warmup_gamma", cfg.planner_warmup_gamma)
     if cfg.multi_host:  # every host would have to time the models and agree on one choice
         raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
 
@@ -294,7 +292,7 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
 def resolve(cfg: InferConfig, partitioner: Any = None) -> Settings:
     """The Settings of a validated InferConfig; partitioner: the mesh made from cfg.partitioner."""
     inputs = common.group(Inputs, cfg, feature_lengths=dict(cfg.feature_lengths))
-    run = common.group(Run, cfg)
+    run = common.group(Run, cfg, output_dir=output_location(cfg.output_dir))
     models = Models(cfg.target, cfg.vocabulary, partitioner, cfg.multi_host)
     return Settings(models, inputs, _speculation(cfg), run)
 

@@ -19,9 +19,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from speculative import model_loading as ml
 from speculative import vocab as vocab_lib
-from speculative.errors import JobError
+from speculative.errors import JobError, check_slot
 from speculative.jobs.train import objective
+from speculative.models import t5
 
 FINGERPRINT = "train_job.json"
 _COUNTS = ("batch_size", "steps", "checkpoint_every", "eval_every")
@@ -48,6 +50,11 @@ def validate(cfg: Any) -> None:
         raise JobError(
             f"TrainConfig.feature_lengths needs 'inputs' and 'targets' >= 2, got {lengths}"
         )
+    for name in ("model", "teacher"):  # a spec where an architecture belongs
+        value = getattr(cfg, name)
+        if isinstance(value, tuple(ml.SPEC_KINDS)):
+            described = {**ml.SPEC_KINDS, t5.T5: "an architecture, e.g. %MODEL; no weights"}
+            check_slot(value, f"speculative.TrainConfig.{name}", name, (t5.T5,), described)
     _validate_distillation(cfg)
     _validate_regularisation(cfg)
 

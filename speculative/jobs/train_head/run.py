@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from speculative import vocab as vocab_lib
 from speculative.checkpoints import t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
-from speculative.errors import JobError
+from speculative.errors import JobError, output_location
 from speculative.job_io import (
     check_fingerprint,
     keep_records_up_to,
@@ -90,7 +89,7 @@ class HeadTrainConfig:
 def check(cfg: HeadTrainConfig) -> None:
     """One-line JobErrors for settings that cannot run, before anything is loaded."""
     check_required(cfg, ("target", "vocabulary", "output_dir"))
-    require_local(cfg.output_dir, "the head trainer")
+    require_local(output_location(cfg.output_dir), "the head trainer")
     positive = ("window", "train_windows", "heldout_windows", "feature_batch", "batch_size")
     positive += ("steps", "checkpoint_every", "eval_depth", "eval_starts")
     for name in positive:
@@ -154,10 +153,11 @@ def _restore(out, head, ids, optimizer, params):
 def run(cfg: HeadTrainConfig) -> dict[str, Any]:
     """Trains (or resumes) the head; returns summary.json's contents."""
     check(cfg)
-    with lock_output_dir(os.path.expanduser(cfg.output_dir)) as out:
+    with lock_output_dir(output_location(cfg.output_dir)) as out:
         check_fingerprint(out, cfg.fingerprint(), name=FINGERPRINT, what="a head")
-        vocabulary = ml.load_vocabulary(cfg.vocabulary)
-        target = ml.load_model(cfg.target, "target")
+        slot = "speculative.HeadTrainConfig."  # a spec bound to the wrong slot names it
+        vocabulary = ml.load_vocabulary(cfg.vocabulary, slot=slot + "vocabulary")
+        target = ml.load_model(cfg.target, "target", slot=slot + "target")
         if not isinstance(target.model, decoder.DecoderLM):
             raise JobError(f"a feature head needs a DecoderLM target, got {target.model!r}")
         if target.model.config.rope_scaling:  # the head's own layer computes plain RoPE only
