@@ -140,7 +140,12 @@ def _bf16_pair():
 
 @pytest.mark.parametrize(
     "options",
-    [{"gamma": 1}, {"gamma": 7}, {"gamma": 3, "acceptance": "block"}, {"tree": (3, 2, 1)}],
+    [
+        {"gamma": 1},
+        pytest.param({"gamma": 7}, marks=pytest.mark.slow),
+        {"gamma": 3, "acceptance": "block"},
+        {"tree": (3, 2, 1)},
+    ],
     ids=["gamma1", "gamma7", "block", "tree"],
 )
 def test_bfloat16_greedy_speculative_equals_bfloat16_plain(options):

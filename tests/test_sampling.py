@@ -236,7 +236,9 @@ def _assert_same_cut(logits, cfg, band=ROUNDING_BAND):
     return rows_differing
 
 
-@pytest.mark.parametrize("top_p", [1e-4, 0.3, 0.9, 0.95, 0.999])
+@pytest.mark.parametrize(
+    "top_p", [1e-4, 0.3, 0.9, *(pytest.param(p, marks=pytest.mark.slow) for p in (0.95, 0.999))]
+)
 def test_top_p_matches_sort_on_random_vocab_rows(top_p):
     """Peaked rows end the nucleus among the top_k candidates; normal rows need the bisection."""
     logits = np.concatenate(

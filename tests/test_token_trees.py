@@ -137,6 +137,7 @@ def test_tree_attention_decoder_only(target, batch):
     _check_tree_attention(model, params, state, pos, tokens)
 
 
+@pytest.mark.slow  # ~17 s; T5's tree attention end to end: test_tree_greedy_t5_is_plain_greedy
 def test_tree_attention_t5():
     target, params, _, _ = helpers.tiny_t5_pair(40, seed=0)
     enc = helpers.encoder_batch(1, batch=3, width=6, vocab=40)
@@ -272,7 +273,8 @@ def test_broken_tree_rules_are_caught(monkeypatch):
     "cfg",
     [
         SamplingConfig(temperature=1.0),
-        SamplingConfig(temperature=0.8, top_k=4),
+        # top-k through trees: its filter is the chain's (tests/test_decoding.py); ~17 s
+        pytest.param(SamplingConfig(temperature=0.8, top_k=4), marks=pytest.mark.slow),
         SamplingConfig(temperature=1.0, top_p=0.8),
     ],
     ids=["t1", "topk", "topp"],

@@ -161,6 +161,7 @@ def _run(out, steps):
     return train.main([*QUICK, f"--gin.OUTPUT_DIR='{out}'", f"--gin.STEPS={steps}"])
 
 
+@pytest.mark.slow  # ~20 s; resume equality itself: tests/test_train.py's kill-and-resume test
 def test_a_stopped_regularised_run_matches_an_uninterrupted_one(tmp_path):
     whole = _run(tmp_path / "whole", 12)
     _run(tmp_path / "parts", 4)
