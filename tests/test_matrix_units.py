@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, model_loading
+from speculative import decoding, inputs, model_loading
 from speculative.errors import JobError
 from speculative.models import base, decoder, precision
+from speculative.sampling import SamplingConfig
 from tests import helpers
 
 AMX = frozenset({"fpu", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
@@ -188,3 +189,41 @@ def test_a_verify_block_scores_every_position_as_plain_steps_do(dtype):
 
     a, b = together(params, prompt, block), one_at_a_time(params, prompt, block)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _library_reductions(hlo: str) -> list[str]:
+    """The YNNPACK library fusions of a compiled program whose computation reduces."""
+    bodies = dict(re.findall(r"\n(%?[\w.]+) [^\n]*\{\n(.*?)\n\}", hlo, flags=re.S))
+    found = []
+    for name, called in re.findall(r"%(ynn_fusion[\w.]*) = [^\n]*calls=(%[\w.]+)", hlo):
+        body = bodies.get(called) or bodies.get(called.lstrip("%"), "")
+        if " reduce(" in body:
+            found.append(name)
+    return found
+
+
+@pytest.mark.skipif(precision.COMPILER_OPTIONS is None, reason="this jaxlib has no YNN option")
+def test_the_decode_loop_sums_every_reduction_in_one_order_for_any_row_count():
+    """At real widths XLA:CPU gave row reductions (RMSNorm's mean of squares) to its library only
+    above a size threshold: a plain step (one row) and a verify block (several) summed a norm in
+    different orders, and in bfloat16 that flipped a real near-tie (docs/design.md §9). The loops
+    compile with library dots only; the default options, as the control, do give a reduction to
+    the library at these widths."""
+    cfg = decoder.DecoderConfig(
+        vocab_size=512, emb_dim=1536, num_layers=1, num_heads=12, num_kv_heads=2, head_dim=128,
+        mlp_dim=256, dtype="bfloat16", qkv_bias=True,
+    )  # fmt: skip
+    model = decoder.DecoderLM(cfg)
+    params = jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16 if s.ndim > 1 else s.dtype),
+        jax.eval_shape(model.init_params, jax.random.PRNGKey(0)),
+    )
+    state = jax.eval_shape(lambda: model.init_state(None, {"prompt": jnp.zeros((1, 8))}, 64))
+    tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    default = jax.jit(model.extend).lower(params, state, tokens).compile().as_text()
+    assert _library_reductions(default), "control: the default options keep no library reduce"
+    config = decoding.DecodeConfig(8, 10**6, SamplingConfig(), gamma=3)
+    prompts = inputs.decoder_batch([[5, 6, 7]], pad_to=8)
+    rng = jax.random.PRNGKey(0)
+    loop = decoding.speculative_loop.lower(model, params, model, params, prompts, rng, config)
+    assert _library_reductions(loop.compile().as_text()) == []

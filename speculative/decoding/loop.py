@@ -33,6 +33,7 @@ from speculative.decoding.state import (
     initial_loop_state,
     prefill,
 )
+from speculative.models import precision
 from speculative.models.base import LanguageModel, keep_path, write_rows
 from speculative.sampling import SamplingConfig, sample
 
@@ -88,7 +89,11 @@ def _while_not_done(body, state: LoopState) -> LoopState:
 # Plain autoregressive decoding (the baseline).
 
 
-@functools.partial(jax.jit, static_argnames=("model", "config", "partitioner"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("model", "config", "partitioner"),
+    compiler_options=precision.COMPILER_OPTIONS,
+)
 def autoregressive_loop(
     model: LanguageModel,
     params: Any,
@@ -339,7 +344,11 @@ def _next_budget(
     return jnp.clip(jnp.where(n >= proposed, budget + 2, budget - 1), 1, config.gamma)
 
 
-@functools.partial(jax.jit, static_argnames=("target", "draft", "config", "partitioner"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("target", "draft", "config", "partitioner"),
+    compiler_options=precision.COMPILER_OPTIONS,
+)
 def speculative_loop(
     target: LanguageModel,
     target_params: Any,

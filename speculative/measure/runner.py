@@ -22,6 +22,7 @@ import jax
 from speculative import decoding, inputs
 from speculative.decoding.drafter import Drafter
 from speculative.measure import timing
+from speculative.models import precision
 from speculative.models.base import LanguageModel
 
 Batch = dict[str, jax.Array]
@@ -141,7 +142,10 @@ class Prefill:
 
     def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
         cache_len = self.config.cache_length(self.model, batch)
-        fn = jax.jit(lambda params, b: decoding.prefill(self.model, params, b, cache_len))
+        fn = jax.jit(
+            lambda params, b: decoding.prefill(self.model, params, b, cache_len),
+            compiler_options=precision.COMPILER_OPTIONS,  # as the loops compile
+        )
         compiled, seconds = timing.compile_ahead(fn, self.params, batch)
         return (lambda b, _rng: compiled(self.params, b)), seconds
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 
 from speculative import inputs
 from speculative import sampling as sampling_lib
+from speculative.models import precision
 
 
 def block(tree: Any) -> Any:
@@ -54,7 +56,7 @@ def step_time(
     baked into the program as constants (gigabytes for a real model).
     """
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)  # as the loops
     def many(operands, carry):
         return jax.lax.fori_loop(0, steps, lambda _, c: step(operands, c), carry)
 
@@ -86,7 +88,7 @@ def decode_step_time(
         rows = inputs.input_tokens(batch).shape[0]
         batch = {**batch, "prompt": jnp.full((rows, 1), model.decoder_start_id, jnp.int32)}
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)
     def prefill(params, batch):
         state = model.init_state(params, batch, cache_len)
         return model.extend(params, state, batch["prompt"])[1]

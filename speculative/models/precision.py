@@ -24,6 +24,29 @@ AUTO = "auto"
 BF16_UNIT_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
+def _library_fusion_option() -> dict[str, str] | None:
+    """XLA:CPU's YNNPACK fusions limited to single dots, where this jaxlib has the option."""
+    try:
+        import jaxlib
+
+        version = tuple(int(p) for p in jaxlib.__version__.split(".")[:2])
+    except (ImportError, ValueError):
+        return None
+    if version < (0, 10):  # older XLA:CPU: no such option (a compile would refuse it)
+        return None
+    return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+# Compile options of every program that runs a model (the decode loops, prefill, the step timers).
+# XLA:CPU hands dots to its YNNPACK library (the matrix-unit route), and by default row reductions
+# too, but those only above a size threshold: RMSNorm's mean of squares over 1,536 features was
+# summed by XLA's loop for one- and two-row calls (plain steps) and by the library for three or
+# more (verify blocks), a last-bit difference that bfloat16 rounding of the next product turned
+# into a flipped near-tie. Library dots only: every reduction is XLA's own loop, in one order for
+# every row count (docs/design.md §9); the dots, where the time goes, keep the library.
+COMPILER_OPTIONS = _library_fusion_option()
+
+
 @dataclasses.dataclass(frozen=True)
 class Route:
     """The dtype a model runs in and why (one line for the log and the result files)."""
