@@ -85,7 +85,8 @@ def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
       tokens, target_calls, tau (generated tokens per target call); speculative stats add alpha
       (beta pooled over every verified position, i.e. rows weighted by their verified count),
       draft_calls, accepted, drafted and acceptance_by_position (accepted / verified per draft
-      position).
+      position); stats with "outside_mass" (a cross-vocabulary draft) add draft_mass_outside, the
+      draft's probability outside the intersection per drafted token.
     """
     lengths = np.asarray(lengths)
     target_calls = int(np.sum(np.asarray(stats["target_calls"])))
@@ -103,6 +104,9 @@ def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
         out[name] = int(np.sum(np.asarray(stats[name])))
     per_position = np.asarray(stats["accepted_at"]).sum(0) / np.maximum(verified_at.sum(0), 1)
     out["acceptance_by_position"] = [float(x) for x in per_position]
+    if "outside_mass" in stats:  # a cross-vocabulary draft: its mass outside the intersection
+        outside = float(np.sum(np.asarray(stats["outside_mass"])))
+        out["draft_mass_outside"] = outside / max(out["drafted"], 1)
     return out
 
 

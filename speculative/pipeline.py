@@ -239,7 +239,7 @@ class Pair:
         return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
 
 
-def check_slots(target: Any, draft: Any, vocabulary: Any) -> None:
+def check_slots(target: Any, draft: Any, vocabulary: Any, draft_vocabulary: Any = None) -> None:
     """`load_pair`'s refusal of a spec given in the wrong place (a DraftSpec as the target, say),
     one line naming the argument, as the jobs name the config field (`errors.check_slot`)."""
     described = {str: "a registry name or a path", **ml.SPEC_KINDS}
@@ -249,6 +249,9 @@ def check_slots(target: Any, draft: Any, vocabulary: Any) -> None:
         check_slot(draft, "load_pair draft", "draft", takes, described)
     if vocabulary is not None:
         check_slot(vocabulary, "load_pair vocabulary", "vocabulary", (ml.VocabSpec,), described)
+    if draft_vocabulary is not None:
+        slot = "load_pair draft_vocabulary"
+        check_slot(draft_vocabulary, slot, "draft vocabulary", (ml.VocabSpec,), described)
 
 
 def load_pair(
@@ -259,22 +262,26 @@ def load_pair(
     dtype: str = "auto",
     target_model: Any = None,
     draft_model: Any = None,
+    draft_vocabulary: ml.VocabSpec | None = None,
 ) -> Pair:
     """Loads a target and a draft (see the module docstring for how each may be named).
 
     vocabulary: needed for T5X checkpoints and random weights; otherwise the target's own.
-    Raises JobError (one line naming the role and the file) for what cannot be loaded, and for
-    a draft whose vocabulary differs from the target's.
+    draft_vocabulary: the draft model's own tokenizer; unset, the one its checkpoint carries (a
+      GGUF file, a Hugging Face directory) when `vocabulary` is unset too, else the target's. A
+      draft whose vocabulary differs from the target's proposes through cross-vocabulary tables
+      (drafts/cross_vocab.py), still exactly.
+    Raises JobError (one line naming the role and the file) for what cannot be loaded.
     """
     if not logging.getLogger("speculative").handlers:  # a notebook: show loading and downloads
         logs.setup()
-    check_slots(target, draft, vocabulary)
+    check_slots(target, draft, vocabulary, draft_vocabulary)
     target_spec = model_spec(target, target_model, dtype)
     vocabulary_spec = vocabulary or vocab_spec(target_spec)
     drafts = [] if draft is None else [("draft", model_spec(draft, draft_model, dtype))]
-    draft_vocabulary = None
-    if drafts and isinstance(drafts[0][1], ml.ModelSpec) and vocabulary is None:
-        draft_vocabulary = vocab_spec(drafts[0][1])
+    if drafts and draft_vocabulary is None:
+        if isinstance(drafts[0][1], ml.ModelSpec) and vocabulary is None:
+            draft_vocabulary = vocab_spec(drafts[0][1])
     tokenizer = ml.load_vocabulary(vocabulary_spec)
     loaded = common.load_models(target_spec, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
     loaded = common.with_shortlists(loaded, drafts, tokenizer, [])

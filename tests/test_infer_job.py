@@ -314,14 +314,17 @@ def test_gin_flag_rewriting_repeatable_files_and_search_paths(tmp_path):
     assert cfg.target.model.config.num_layers == 2 and cfg.draft.model.config.num_layers == 1
 
 
-def test_draft_vocabulary_differing_from_target_is_refused(tmp_path):
+def test_draft_vocabulary_larger_than_the_draft_model_is_refused(tmp_path):
+    """A DRAFT_VOCABULARY other than VOCABULARY selects the cross-vocabulary draft
+    (tests/test_cross_vocab.py), fitted to its own vocabulary: one the draft model cannot
+    produce every id of is refused as a VOCABULARY would be."""
     inputs = _write_jsonl(tmp_path / "in.jsonl", PROMPTS[:2])
     flags = _flags(
         inputs,
         tmp_path / "out",
         "--gin.DRAFT_VOCABULARY=@draft/speculative.VocabSpec()",
         "--gin.draft/speculative.VocabSpec.kind='byte'",
-        "--gin.draft/speculative.VocabSpec.extra_ids=5",
+        "--gin.draft/speculative.VocabSpec.extra_ids=10",
     )
-    with pytest.raises(JobError, match="vocabularies differ"):
+    with pytest.raises(JobError, match="the model has 264 output ids but the vocabulary"):
         infer.main(flags)

@@ -152,6 +152,11 @@ class Drafter(Protocol):
     #     start .. start + K - 1 (the first count[b] real), each with the token that followed it;
     #     called after the prefill (the prompt) and after every verify call (the accepted path).
     #   Drafts without the flag cost nothing: the loop asks the target for logits only.
+    #
+    # Optional, for drafts that may propose only some of their own distribution's tokens
+    # (drafts/cross_vocab.py): outside_mass(state) -> [B, G] float32, the draft's probability
+    # outside what it may propose at each of the round's proposals; the loop sums it over each
+    # row's proposed positions into `DecodeStats.outside_mass`.
 
 
 class StatelessDrafter:

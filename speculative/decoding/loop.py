@@ -291,6 +291,7 @@ def _speculative_round(
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
     stats = _count_round(s.stats, active, v, proposed, emitted, target_logits, draft_logits, config)
+    stats = _count_outside(stats, drafter, draft_state, proposed, active)
     return emitted_state.replace(
         target=target_state.replace(index=pos),
         draft=draft_state,
@@ -322,6 +323,17 @@ def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draf
         nan_draft_logits=st.nan_draft_logits | (active & _has_nan(draft_logits)),
         accepted_rank=_count_ranks(st.accepted_rank, active, v, config),
     )
+
+
+def _count_outside(st, drafter: Drafter, draft_state: Any, proposed, active):
+    """Adds the draft's probability outside what it may propose ([B, G] from a drafter with
+    `outside_mass`, e.g. a cross-vocabulary draft) over each row's proposed positions."""
+    if st.outside_mass is None:
+        return st
+    mass = drafter.outside_mass(draft_state)  # [B, G]
+    counted = jnp.arange(mass.shape[1])[None, :] < proposed[:, None]
+    added = jnp.sum(jnp.where(counted, mass, 0.0), axis=1)
+    return st.replace(outside_mass=st.outside_mass + jnp.where(active, added, 0.0))
 
 
 def _count_ranks(counts, active, v: _Verdict, config: DecodeConfig):
@@ -389,4 +401,7 @@ def speculative_loop(
         rng,
         config,
     )
+    if hasattr(drafter, "outside_mass"):  # counted only for a draft that reports it
+        zeros = jnp.zeros(pos.shape, jnp.float32)
+        init = init.replace(stats=init.stats.replace(outside_mass=zeros))
     return _output(_while_not_done(body, init), config, partitioner)

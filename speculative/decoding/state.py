@@ -35,6 +35,9 @@ class DecodeStats:
       accepted_rank: [B, D, W] int32, rounds whose accepted path took sibling rank r at depth d
         (a tree decode with `DecodeConfig.count_ranks`, the planner's probe); None otherwise, so
         every other decode carries, compiles and returns what it did before.
+      outside_mass: float32, the draft's probability outside the tokens it may propose, summed
+        over its proposals (a cross-vocabulary draft's `outside_mass`; divide by `drafted` for
+        the share); None for every other draft.
     Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
     `stats["alpha"]`, as earlier releases returned a dict.
     """
@@ -50,6 +53,7 @@ class DecodeStats:
     nan_logits: jax.Array
     nan_draft_logits: jax.Array
     accepted_rank: jax.Array | None = None
+    outside_mass: jax.Array | None = None
 
     @classmethod
     def zeros(

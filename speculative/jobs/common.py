@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -14,8 +15,12 @@ import jax
 
 from speculative import job_spmd, vocab
 from speculative import model_loading as ml
+from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.job_io import hold_output_dir
+from speculative.vocab import cross_tables
+
+log = logging.getLogger(__name__)
 
 
 class InputLengths:
@@ -84,13 +89,73 @@ def load_models(
     for role, spec in drafts:
         if is_separate_model(spec):
             loaded[role] = (ml.load_model(spec, role, **mesh), ml.where(spec))
-    if drafts:
-        ml.check_draft_vocabulary(draft_vocabulary, vocabulary)
+    own = cross_vocabulary(draft_vocabulary, vocabulary) if drafts else None
+    if own is not None:  # each draft model fitted to its own vocabulary, proposing through tables
+        fitted, padding = ml.fit_vocabulary(
+            vocabulary, ml.where(vocabulary_spec), {"target": loaded["target"]}
+        )
+        for role, spec in drafts:
+            fitted[role] = cross_draft(
+                role, spec, loaded, own, draft_vocabulary, vocabulary, fitted
+            )
+        return LoadedModels(fitted["target"], tuple(fitted[role] for role, _ in drafts), padding)
     fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(vocabulary_spec), loaded)
     for role, spec in drafts:
         if not is_separate_model(spec):
             fitted[role] = ml.build_draft(spec, fitted["target"], role)
     return LoadedModels(fitted["target"], tuple(fitted[role] for role, _ in drafts), padding)
+
+
+def cross_vocabulary(
+    spec: ml.VocabSpec | None, target_vocabulary: vocab.Vocabulary
+) -> vocab.Vocabulary | None:
+    """The draft's own vocabulary when DRAFT_VOCABULARY differs from VOCABULARY (a
+    cross-vocabulary draft, drafts/cross_vocab.py); None when it is unset or the same."""
+    if spec is None:
+        return None
+    own = ml.load_vocabulary(spec, "draft vocabulary")
+    try:
+        vocab.check_compatible(own, target_vocabulary)
+    except ValueError as e:
+        log.info(f"draft vocabulary {ml.where(spec)}: {e}: the draft proposes across vocabularies")
+        return own
+    return None
+
+
+def cross_draft(
+    role: str,
+    spec: Any,
+    loaded: Mapping[str, tuple[ml.Loaded, str]],
+    own: vocab.Vocabulary,
+    own_spec: ml.VocabSpec,
+    vocabulary: vocab.Vocabulary,
+    fitted: Mapping[str, ml.Loaded],
+) -> ml.Loaded:
+    """A draft model with its own vocabulary as a `CrossVocabDrafter` for the fitted target:
+    one-line JobErrors for a draft that is not a model, staged or shortlisted, or whose tables
+    cannot be built (a target token the draft cannot spell, say)."""
+    if not is_separate_model(spec):
+        raise JobError(
+            "DRAFT_VOCABULARY differs from VOCABULARY, but this draft is a DraftSpec (it proposes "
+            "the target's own tokens): only a draft model may have its own vocabulary",
+            role=role,
+        )
+    if getattr(spec, "shortlist", 0) or getattr(spec, "staged_lookahead", 0):
+        raise JobError(
+            "a draft with its own vocabulary (DRAFT_VOCABULARY) cannot be shortlisted or staged",
+            role=role,
+        )
+    draft = ml.fit_vocabulary(own, ml.where(own_spec), {role: loaded[role]})[0][role]
+    target = fitted["target"].model
+    try:
+        tables = cross_tables.build_tables(
+            own, vocabulary, draft.model.vocab_size, target.vocab_size
+        )
+        drafter, params = cross_vocab.make_drafter(draft.model, draft.params, tables)
+    except ValueError as e:
+        raise JobError(f"cross-vocabulary tables: {e}", role="draft vocabulary") from e
+    log.info(cross_tables.describe(tables, vocab.used_size(vocabulary)))
+    return ml.Loaded(drafter, params, draft.description)
 
 
 def with_shortlists(

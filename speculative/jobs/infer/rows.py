@@ -56,6 +56,10 @@ def output_rows(
                 accepted_at=[int(x) for x in stats.accepted_at[i]],
                 verified_at=[int(x) for x in stats.verified_at[i]],
             )
+        if speculative and stats.outside_mass is not None:  # a cross-vocabulary draft
+            drafted = max(int(stats.drafted[i]), 1)
+            outside = float(stats.outside_mass[i])
+            row.update(outside_mass=outside, draft_mass_outside=outside / drafted)
         rows.append(row)
     return rows
 
@@ -69,6 +73,8 @@ def summarize_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     names = ("target_calls",)
     if rows and "alpha" in rows[0]:  # rows on disk: plain ones have no speculative fields
         names += _SPECULATIVE_COLUMNS
+    if rows and "outside_mass" in rows[0]:  # a cross-vocabulary draft's
+        names += ("outside_mass",)
     columns = {name: np.asarray([r[name] for r in rows]) for name in names}
     lengths = np.asarray([r["length"] for r in rows], np.int64)
     return {"examples": len(rows), **metrics.summarize(columns, lengths)}
@@ -84,6 +90,11 @@ def pool_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         **{k: s[k] for k in ("target_calls", "alpha", "accepted", "drafted", "draft_calls")},
         "accepted_at": np.sum([r["accepted_at"] for r in rows], axis=0),
         "verified_at": np.sum([r["verified_at"] for r in rows], axis=0),
+        **(
+            {"outside_mass": sum(r["outside_mass"] for r in rows)}
+            if "outside_mass" in rows[0]
+            else {}
+        ),
     }
 
 
@@ -159,6 +170,8 @@ def print_summary(s: Mapping[str, Any], out_dir) -> None:
     )
     if "alpha" in s:
         print(f"  alpha {s['alpha']:.3f}, accepted {s['accepted']} / drafted {s['drafted']}")
+    if "draft_mass_outside" in s:  # a draft with its own vocabulary
+        print(f"  draft mass outside the shared tokens {s['draft_mass_outside']:.3f}")
     if s["truncated_inputs"]:
         print(f"  {s['truncated_inputs']} input(s) truncated (rows with truncated_from)")
     r = s["this_run"]

@@ -1,0 +1,408 @@
+"""A draft with another tokenizer (speculative/drafts/cross_vocab.py, vocab/cross_tables.py): the
+byte-level tables (byte-level BPE, SentencePiece-style, byte and T5 SentencePiece vocabularies;
+partial UTF-8; special tokens by role; a token the draft cannot spell refused), and decoding that
+stays exact: greedy identity with plain decoding (ragged batch, EOS inside blocks, gamma 1 and
+large), a draft that is the target in other ids accepted every time (the catch-up keeps the two
+aligned), the target's exact 3-token sequence distribution when sampling (chi-square) and a
+broken draw the same check rejects, and the infer job selecting it from DRAFT_VOCABULARY."""
+
+import dataclasses
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from speculative import decoding
+from speculative.drafts import cross_vocab
+from speculative.errors import JobError
+from speculative.sampling import SamplingConfig
+from speculative.vocab import ByteVocabulary, SentencePieceVocabulary
+from speculative.vocab.cross_tables import build_tables, token_bytes
+from speculative.vocab.hf_tokenizer import HFTokenizerVocabulary
+from tests import helpers
+
+TARGET_TEXT = ["def add(a, b):\n    return a + b\n", "for i in range(10): print(i) # café"]
+DRAFT_TEXT = ["The cat sat on the mat, and the dog sat too.", "Résumé: naïve café, 日本"]
+
+
+def _byte_level(vocab: dict[str, int], eos: str) -> HFTokenizerVocabulary:
+    """A hand-written byte-level BPE vocabulary (GPT-2 alphabet pieces, no merges needed)."""
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(eos, special=True)])
+    return HFTokenizerVocabulary(tokenizer, vocab[eos])
+
+
+def _sentencepiece_style(vocab: dict[str, int], eos: str) -> HFTokenizerVocabulary:
+    """A hand-written Llama-style vocabulary: '▁' for spaces, <0xNN> byte-fallback pieces."""
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tokenizer.add_special_tokens([AddedToken(eos, special=True)])
+    return HFTokenizerVocabulary(tokenizer, vocab[eos])
+
+
+def _trained(texts: list[str], size: int, eos: str) -> HFTokenizerVocabulary:
+    """Byte-level BPE trained in-process on `texts` (all 256 bytes, then merges up to `size`)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=size,
+        special_tokens=[eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts * 5, trainer)
+    return HFTokenizerVocabulary(tokenizer, tokenizer.token_to_id(eos))
+
+
+# The small pair of the sampled checks. Target: byte-level BPE; "ab" and "é" (Ã©) have no draft
+# token (two-token spellings), "Ã" is byte 0xC3 alone (partial UTF-8).
+SMALL_TARGET = {"<eos>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "ab": 5, "Ġa": 6, "Ã": 7, "Ã©": 8}
+# Draft: SentencePiece style; "bc" and the lone byte 0xA9 are draft-only, "<0x20>" duplicates "▁".
+SMALL_DRAFT = {
+    "</s>": 0, "<0xC3>": 1, "<0xA9>": 2, "a": 3, "b": 4, "c": 5, "\u2581": 6, "\u2581a": 7,
+    "bc": 8, "<0x20>": 9,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_vocabs():
+    return _byte_level(SMALL_TARGET, "<eos>"), _sentencepiece_style(SMALL_DRAFT, "</s>")
+
+
+def test_tables_of_the_small_pair(small_vocabs):
+    target, draft = small_vocabs
+    assert token_bytes(target).bytes[7:9] == (b"\xc3", b"\xc3\xa9")  # partial UTF-8, whole é
+    assert token_bytes(draft).bytes[6] == token_bytes(draft).bytes[9] == b" "
+    tables = build_tables(draft, target)
+    # draft id -> target id: "▁" stands for both spaces (not the fallback <0x20>); EOS by role
+    np.testing.assert_array_equal(tables.to_target, [0, 7, -1, 1, 2, 3, 4, 6, -1, -1])
+    np.testing.assert_array_equal(tables.to_draft, [0, 3, 4, 5, 6, -1, 7, 1, -1])
+    np.testing.assert_array_equal(tables.spelling_lengths, [1, 1, 1, 1, 1, 2, 1, 1, 2])
+    np.testing.assert_array_equal(tables.spelling[5], [3, 4])  # "ab" -> a, b
+    np.testing.assert_array_equal(tables.spelling[8], [1, 2])  # é -> <0xC3>, <0xA9>
+    assert tables.spelling[0, 0] == 0 and tables.unspelled == ()  # EOS -> the draft's EOS
+    assert tables.coverage(9) == pytest.approx(7 / 9)
+
+
+def test_special_tokens_are_matched_by_role_never_by_string():
+    target = _byte_level({"<|end|>": 0, "<s>": 1, "<|im_start|>": 2, "a": 3, "<x>": 4}, "<|end|>")
+    draft = _byte_level({"a": 0, "<|im_start|>": 1, "</s>": 2, "<s>": 3, "<x>": 4}, "</s>")
+    for vocabulary, special in (
+        (target, ("<s>", "<|im_start|>")),
+        (draft, ("<s>", "<|im_start|>")),
+    ):
+        vocabulary.tokenizer.add_special_tokens([AddedToken(t, special=True) for t in special])
+    target.bos_id, draft.bos_id = 1, 3
+    tables = build_tables(draft, target)
+    np.testing.assert_array_equal(tables.spelling[:3, 0], [2, 3, 2])  # EOS, BOS by role
+    assert tables.unspelled == (2,)  # <|im_start|>: a special with no role, not matched by name
+    np.testing.assert_array_equal(tables.to_draft, [2, -1, -1, 0, 4])  # "<x>" is plain text
+    np.testing.assert_array_equal(tables.spelling_lengths, [1, 1, 0, 1, 1])
+
+
+def test_byte_and_bpe_vocabularies_and_a_token_the_draft_cannot_spell():
+    bpe = _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    byte = ByteVocabulary(extra_ids=2)
+    tables, size = build_tables(byte, bpe), len(bpe.tokens)  # BPE tokens spelled byte by byte
+    lengths = [len(b) if b else 1 for b in token_bytes(bpe).bytes]  # its EOS: the byte EOS
+    np.testing.assert_array_equal(tables.spelling_lengths, lengths)
+    assert tables.width == max(lengths) > 1 and tables.coverage(size) == pytest.approx(257 / size)
+    back = build_tables(bpe, byte)  # bytes as the BPE's single-byte tokens; pad, unk by role
+    assert back.coverage(len(byte.tokens)) == pytest.approx(257 / 261)  # bytes and EOS
+    assert back.unspelled == (0, 2, 259, 260)  # pad, unk, sentinels: no role in a BPE vocabulary
+    small_target = _byte_level(SMALL_TARGET, "<eos>")
+    with pytest.raises(ValueError, match=r"target token 3 \(bytes b'\\x00'\) has no spelling"):
+        build_tables(small_target, byte)  # the small vocabulary has no byte 0
+
+
+def test_sentencepiece_model_tables(tmp_path):
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TARGET_TEXT * 3 + DRAFT_TEXT * 3), model_writer=model,
+        vocab_size=60, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
+        character_coverage=1.0,
+    )  # fmt: skip
+    (tmp_path / "sp.model").write_bytes(model.getvalue())
+    sp = SentencePieceVocabulary(str(tmp_path / "sp.model"), extra_ids=3)
+    byte = ByteVocabulary()
+    tables = build_tables(byte, sp)
+    pieces = list(sp.tokens)
+    for i in range(3, len(pieces) - 3):
+        spelled = tables.spelling[i, : tables.spelling_lengths[i]] - ByteVocabulary.OFFSET
+        assert bytes(spelled.tolist()) == pieces[i].replace("\u2581", " ").encode()
+    assert tables.spelling[1, 0] == byte.eos_id
+    assert set(tables.unspelled) == {2, len(pieces) - 3, len(pieces) - 2, len(pieces) - 1}
+    assert tables.spelling[0, 0] == byte.pad_id  # pad by role: both vocabularies name one
+    with pytest.raises(ValueError, match="has no spelling in the draft's vocabulary"):
+        build_tables(sp, byte)  # the SentencePiece model has no piece for most bytes
+
+
+def test_outside_mass_and_restriction():
+    logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.3]]))
+    to_draft = jnp.asarray([2, -1, 0, -1])  # target ids 0 and 2 are draft ids 2 and 0
+    q = cross_vocab.restrict(logits, to_draft)
+    np.testing.assert_allclose(jax.nn.softmax(q), [[0.3 / 0.8, 0, 0.5 / 0.8, 0]], rtol=1e-6)
+    np.testing.assert_allclose(cross_vocab.outside_mass(logits, to_draft), [0.2], rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding.
+
+V_MAX_LEN = helpers.GREEDY_MAX_LEN
+
+
+def _tiny(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, seed: int):
+    """`helpers.tiny_decoder` with room for a draft cache of K slots per target token."""
+    model = helpers.tiny_decoder_model(vocab, emb, layers, heads, kv_heads)
+    model = type(model)(dataclasses.replace(model.config, max_seq_len=2048))
+    return model, model.init_params(jax.random.PRNGKey(seed))
+
+
+@pytest.fixture(scope="module")
+def trained_pair():
+    """Two trained byte-level BPE vocabularies with different merges, random tiny models over
+    them: (target vocabulary, (model, params), (drafter, params), tables)."""
+    target_vocab = _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    draft_vocab = _trained(DRAFT_TEXT, 280, "</s>")
+    tables = build_tables(draft_vocab, target_vocab)
+    target = _tiny(len(target_vocab.tokens), 32, layers=2, heads=4, kv_heads=2, seed=0)
+    draft = _tiny(len(draft_vocab.tokens), 16, layers=1, heads=2, kv_heads=1, seed=1)
+    return target_vocab, target, cross_vocab.make_drafter(*draft, tables), tables
+
+
+@pytest.fixture(scope="module")
+def greedy_case(trained_pair):
+    """(batch, eos, plain greedy output): 9 ragged prompts and, as EOS, a token row 0 emits
+    mid-sequence, so that rows stop inside blocks."""
+    target_vocab, target, _, _ = trained_pair
+    batch = helpers.ragged_prompts(0, batch=9, width=7, vocab=len(target_vocab.tokens))
+    free = decoding.autoregressive_decode(*target, batch, max_decode_len=V_MAX_LEN, eos_id=0)
+    eos = int(free.tokens[0, 6])
+    ref = decoding.autoregressive_decode(*target, batch, max_decode_len=V_MAX_LEN, eos_id=eos)
+    assert np.asarray(ref.lengths).min() < V_MAX_LEN
+    return batch, eos, ref
+
+
+@pytest.mark.parametrize(
+    "gamma, acceptance, tree",
+    [
+        (1, "token", None),
+        (7, "token", None),
+        (None, "token", (3, 2, 2, 1)),
+        # the block rule takes any q; its sampled case below is slow too
+        pytest.param(5, "block", None, marks=pytest.mark.slow),
+    ],
+)
+def test_greedy_identical_to_plain(trained_pair, greedy_case, gamma, acceptance, tree):
+    target_vocab, target, (drafter, params), tables = trained_pair
+    batch, eos, ref = greedy_case
+    assert tables.width >= 2 and 0 < tables.coverage(len(target_vocab.tokens)) < 1
+    out = decoding.speculative_decode(
+        *target, drafter, params, batch, gamma=gamma, max_decode_len=V_MAX_LEN, eos_id=eos,
+        acceptance=acceptance, tree=tree,
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    share = np.asarray(out.stats.outside_mass) / np.maximum(np.asarray(out.stats.drafted), 1)
+    assert np.all((share > 0) & (share < 1))  # its own tokens outside the intersection
+
+
+def test_a_draft_with_a_short_context_stays_exact(trained_pair, greedy_case, caplog):
+    """A draft model whose context is far below the worst case (K slots per target token): its
+    cache is capped, it is fed the end of the prompt and rows that outgrow it stop feeding it;
+    the output is still the target's."""
+    _, target, (drafter, params), _ = trained_pair
+    batch, eos, ref = greedy_case
+    model = drafter.model
+    short = type(model)(dataclasses.replace(model.config, max_seq_len=40))
+    capped = dataclasses.replace(drafter, model=short)
+    out = decoding.speculative_decode(
+        *target, capped, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=eos
+    )
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    assert "its cache is capped at its context, 40 slots" in caplog.text
+
+
+def _mirror(target, target_vocab: HFTokenizerVocabulary, extra: int = 2):
+    """The target model as a draft over a permuted copy of its vocabulary with `extra`
+    draft-only tokens: (draft vocabulary, draft model, its params)."""
+    (model, params), size = target, len(target_vocab.tokens)
+    order = np.random.default_rng(3).permutation(size)  # draft id d is target id order[d]
+    pieces = [target_vocab.tokens[i] for i in order] + [f"zq{k}" for k in range(extra)]
+    eos = int(np.flatnonzero(order == target_vocab.eos_id)[0])
+    vocabulary = _byte_level({p: d for d, p in enumerate(pieces)}, pieces[eos])
+
+    def rows(table):  # [V, E] -> [V + extra, E]: the target's rows in draft order, zeros after
+        return jnp.concatenate([table[order], jnp.zeros((extra, table.shape[1]), table.dtype)])
+
+    draft_params = {name: dict(part) for name, part in params.items()}
+    draft_params["token_embedder"]["embedding"] = rows(params["token_embedder"]["embedding"])
+    draft_params["logits_dense"]["kernel"] = rows(params["logits_dense"]["kernel"])
+    config = dataclasses.replace(model.config, vocab_size=size + extra)
+    return vocabulary, type(model)(config), draft_params
+
+
+def test_the_target_in_other_ids_is_accepted_every_time(trained_pair, greedy_case):
+    """A draft computing the target's own logits in permuted ids: greedy, every proposal is the
+    target's argmax, so every one is accepted (a catch-up that fed the draft anything else, or at
+    another slot, would be rejected), EOS included, inside blocks."""
+    target_vocab, (model, params), _, _ = trained_pair
+    batch, eos, ref = greedy_case
+    vocabulary, draft, draft_params = _mirror((model, params), target_vocab)
+    tables = build_tables(vocabulary, target_vocab)
+    drafter, dparams = cross_vocab.make_drafter(draft, draft_params, tables)
+    out = decoding.speculative_decode(
+        model, params, drafter, dparams, batch, gamma=4, max_decode_len=V_MAX_LEN, eos_id=eos
+    )
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.stats.accepted, out.stats.drafted)
+    share = np.asarray(out.stats.outside_mass) / np.asarray(out.stats.drafted)
+    assert np.all((share > 0) & (share < 0.1))  # the two zero-logit draft-only tokens
+
+
+# The sampled checks: SMALL_TARGET ids, 3 tokens after PROMPT, target EOS 0.
+PROMPT, SEQ_LEN, N = [1, 3, 2], 3, helpers.N
+
+
+@pytest.fixture(scope="module")
+def small_models(small_vocabs):
+    target_vocab, draft_vocab = small_vocabs
+    target = helpers.tiny_decoder(9, emb=16, layers=1, heads=2, kv_heads=1, seed=10)
+    draft = helpers.tiny_decoder(10, emb=16, layers=1, heads=2, kv_heads=2, seed=13)
+    return target, cross_vocab.make_drafter(*draft, build_tables(draft_vocab, target_vocab))
+
+
+_EXACT: dict = {}  # SamplingConfig -> the small target's exact sequence probabilities
+
+
+def _exact(target, cfg: SamplingConfig) -> dict:
+    if cfg not in _EXACT:
+        _EXACT[cfg] = helpers.exact_sequence_probs(*target, PROMPT, SEQ_LEN, 9, 0, cfg)
+    return _EXACT[cfg]
+
+
+def _samples(small_models, cfg: SamplingConfig, gamma, acceptance: str = "token", tree=None):
+    target, drafter = small_models
+    samples, out = helpers.speculative_samples(
+        (target, drafter), helpers.repeated_prompt(N, PROMPT), gamma=gamma,
+        max_decode_len=SEQ_LEN, eos_id=0, cfg=cfg, seed=11, acceptance=acceptance, tree=tree,
+    )  # fmt: skip
+    return helpers.chi_square_pvalue(samples, _exact(target, cfg)), out
+
+
+@pytest.mark.parametrize(
+    "cfg, gamma, acceptance, tree",
+    [
+        (SamplingConfig(temperature=1.0), 2, "token", None),
+        # trees: the greedy tree case above runs by default (this one: 7 s cold)
+        pytest.param(
+            SamplingConfig(temperature=1.0), None, "token", (3, 2), marks=pytest.mark.slow
+        ),
+        # the block rule with top-k: its path is the greedy block case's too (slow: 8 s)
+        pytest.param(SamplingConfig(1.2, top_k=5), 3, "block", None, marks=pytest.mark.slow),
+    ],
+)
+def test_sampled_sequences_follow_the_target(small_models, cfg, gamma, acceptance, tree):
+    pvalue, out = _samples(small_models, cfg, gamma, acceptance, tree)
+    assert pvalue > 1e-3
+    alpha = float(np.mean(out.stats.alpha))
+    assert 0.1 < alpha < 0.99, f"want a draft that is sometimes rejected, alpha={alpha}"
+
+
+def test_a_draw_outside_the_intersection_is_caught(small_models, monkeypatch):
+    """Drawing from the draft's q without the restriction (target ids outside the intersection
+    drawn with logit 0) while the rule is told the restricted q: the check above must fail.
+    (gamma 4: a program of its own, not the one the jit cache holds for the test above.)"""
+    draw = cross_vocab.sample
+
+    def unrestricted(rng, q, cfg):
+        return draw(rng, jnp.where(jnp.isinf(q), 0.0, q), cfg)
+
+    monkeypatch.setattr(cross_vocab, "sample", unrestricted)
+    pvalue, _ = _samples(small_models, SamplingConfig(temperature=1.0), 4)
+    assert pvalue < 1e-6
+
+
+def test_a_tree_it_cannot_grow_is_refused(small_models):
+    target, (drafter, params) = small_models
+    batch = helpers.repeated_prompt(2, PROMPT)
+    tree = decoding.TreeShape(parents=(0, 0, 2))  # a second child with a child
+    with pytest.raises(ValueError, match="cannot propose a tree"):
+        decoding.speculative_decode(
+            *target, drafter, params, batch, tree=tree, max_decode_len=4, eos_id=0
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# The infer job: a DRAFT_VOCABULARY other than VOCABULARY selects the cross-vocabulary draft.
+
+OTHER_VOCABULARY = [
+    "--gin.DRAFT_VOCABULARY=@draft/speculative.VocabSpec()",
+    "--gin.draft/speculative.VocabSpec.kind='byte'",
+    "--gin.draft/speculative.VocabSpec.extra_ids=5",  # 264 ids: the draft's 5 sentinels
+]
+
+
+def test_infer_job_with_a_draft_vocabulary_of_its_own(tmp_path):
+    rows, summary = helpers.tiny_infer(tmp_path, "cross", *OTHER_VOCABULARY)
+    plain, _ = helpers.tiny_infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
+    assert all(0 < r["draft_mass_outside"] < 1 for r in rows)
+    assert 0 < summary["draft_mass_outside"] < 1 and summary["accepted"] > 0
+
+
+def test_a_draft_that_is_not_a_model_cannot_have_its_own_vocabulary(tmp_path):
+    with pytest.raises(JobError, match="only a draft model may have its own vocabulary"):
+        helpers.tiny_infer(
+            tmp_path, "lookup", *OTHER_VOCABULARY, "--gin_file=configs/drafts/prompt_lookup.gin"
+        )
+
+
+def test_load_pair_takes_a_draft_with_its_own_vocabulary():
+    import speculative
+    from speculative.models import decoder
+
+    def tiny(layers: int):
+        config = decoder.DecoderConfig(
+            vocab_size=264, emb_dim=32, num_layers=layers, num_heads=4, num_kv_heads=2,
+            head_dim=8, mlp_dim=64, max_seq_len=256,
+        )  # fmt: skip
+        return speculative.ModelSpec("random", model=decoder.DecoderLM(config), dtype="float32")
+
+    byte, own = (
+        speculative.VocabSpec("byte", extra_ids=0),
+        speculative.VocabSpec("byte", extra_ids=5),
+    )
+    pair = speculative.load_pair(tiny(2), tiny(1), vocabulary=byte, draft_vocabulary=own)
+    # decoding with it is the infer job's test above (the same loading, jobs.common)
+    assert isinstance(pair.draft.model, cross_vocab.CrossVocabDrafter)
+    assert pair.draft.params["tables"]["to_draft"].shape == (264,)
+    with pytest.raises(JobError, match="load_pair draft_vocabulary: got a ModelSpec"):
+        speculative.load_pair(tiny(2), tiny(1), vocabulary=byte, draft_vocabulary=tiny(1))
+
+
+def test_the_mass_outside_pools_over_drafted_tokens():
+    from speculative import infer
+
+    def row(outside: float, drafted: int) -> dict:
+        return {
+            "index": 0, "length": 4, "target_calls": 2, "alpha": 0.5, "accepted": 1,
+            "drafted": drafted, "draft_calls": drafted, "accepted_at": [1, 0],
+            "verified_at": [2, 1], "outside_mass": outside,
+        }  # fmt: skip
+
+    rows = [row(1.0, 4), row(0.5, 6), row(3.0, 10)]
+    assert infer.summarize_rows(rows)["draft_mass_outside"] == pytest.approx(4.5 / 20)
+    running = infer.pool_rows(rows[:1])
+    running = infer.pool_rows([running, *rows[1:]])
+    assert running["outside_mass"] == pytest.approx(4.5) and running["drafted"] == 20
