@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speculative import store_lock
 from speculative.errors import JobError
 from speculative.storage import OutputDir
 
@@ -96,6 +97,7 @@ class ChunkStore:
         fresh = [dict(r) for r in rows if int(r["index"]) not in self.done]
         if not fresh:
             return
+        store_lock.check_held(self.out)
         data = encode_rows(fresh)
         commit = {"rows": len(fresh), "sha256": hashlib.sha256(data).hexdigest()}
         self.out.write_bytes(chunk_name(self.next, "jsonl"), data)

@@ -128,6 +128,7 @@ class ResultStore:
         fresh = [r for r in rows if int(r["index"]) not in self.done]
         if not fresh:
             return
+        store_lock.check_held(self.out)
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in fresh)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(payload)

@@ -245,6 +245,23 @@ def _in_use(out: OutputDir, held: dict[str, Any], verdict: str, url: str) -> str
     return f"output directory {url!r} is in use by another job ({who}); {why}"
 
 
+# The lock files (`OutputDir.where(LOCK)`) whose heartbeat, in this process, found the lock taken
+# over by another job; the writers ask `check_held` before each write.
+_LOST: set[str] = set()
+
+
+def check_held(out: OutputDir) -> None:
+    """Raises JobError when this process's lock on `out` was taken over by another job (its
+    heartbeat stalled past the takeover window): writing on would put rows beside the new
+    holder's, so the job stops before its next write. Nothing for a directory it never lost."""
+    where = lock_dir(out).where(LOCK)
+    if where in _LOST:
+        raise JobError(
+            f"output directory {out.url!r}: another job took over its lock ({where}) while this "
+            "one ran; stopped before writing more. Rerun (alone) to resume"
+        )
+
+
 class Heartbeat:
     """Rewrites the lock's heartbeat every `every_s` seconds on a daemon thread, while it is still
     the owner's (`lost` turns True when another job took the lock over)."""
@@ -260,6 +277,7 @@ class Heartbeat:
     def beat(self) -> None:
         if not _owns(self.out, self.owner):
             self.lost = True
+            _LOST.add(self.out.where(LOCK))
             print(f"warning: lost the lock {self.out.where(LOCK)} to another job")
             return
         self.out.write_bytes(LOCK, record(self.owner, self.stale_s))
@@ -286,6 +304,7 @@ def hold(out: OutputDir) -> Iterator[OutputDir]:
     lock, owner = lock_dir(out), uuid.uuid4().hex
     every_s, stale_s = windows(lock)
     acquire(lock, owner, url=out.url)
+    _LOST.discard(lock.where(LOCK))
     heartbeat = Heartbeat(lock, owner, every_s, stale_s)
     heartbeat.start()
     try:

@@ -366,3 +366,27 @@ def test_benchmark_job_writes_its_outputs_to_a_store(tmp_path, store):
     assert json.loads(out.read_text("benchmark.json"))["cells"] == json.loads(
         json.dumps(result["cells"])
     )
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "store"])
+def test_a_job_whose_lock_was_taken_over_stops_before_its_next_write(tmp_path, monkeypatch, remote):
+    """A lock is taken over only once its heartbeat is stale; if a live job's heartbeat stalled
+    that long (a hung store, a paused VM), the job must not write on beside the new holder."""
+    monkeypatch.setattr(store_lock, "HEARTBEAT_S", 0.2)  # a store's beat, sped up
+    url = f"memory://taken-{os.getpid()}" if remote else str(tmp_path)
+    out = OutputDir(url).prepare()
+    store = job_io.open_result_store(url, {"job": "a"})
+    with store_lock.hold(out):
+        store.append([{"index": 0}])
+        lock = store_lock.lock_dir(out)
+        lock.write_bytes(store_lock.LOCK, store_lock.record("another-job"))  # taken over
+        deadline = time.time() + 10
+        while time.time() < deadline:  # the holder's next beat finds the other job's record
+            try:
+                store_lock.check_held(out)
+            except JobError:
+                break
+            time.sleep(0.05)
+        with pytest.raises(JobError, match="another job took over its lock"):
+            store.append([{"index": 1}])
+    assert sorted(store.done) == [0]
