@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from speculative import decoding, inputs, model_loading
+from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.models import base, decoder, precision
 from speculative.sampling import SamplingConfig
@@ -227,3 +228,24 @@ def test_the_decode_loop_sums_every_reduction_in_one_order_for_any_row_count():
     rng = jax.random.PRNGKey(0)
     loop = decoding.speculative_loop.lower(model, params, model, params, prompts, rng, config)
     assert _library_reductions(loop.compile().as_text()) == []
+
+
+def test_plain_and_speculative_decoding_attend_over_one_cache_length():
+    """Attention's products sum over the cache, blocked by its length, so plain decoding and a
+    chain or tree must attend over caches of one length for their logits to round alike (one
+    slack for every block up to base.CACHE_SLACK; docs/design.md §9)."""
+    model = helpers.tiny_decoder_model(64, 16, 1, 2, 1)
+    batch = inputs.decoder_batch([[5, 6, 7]], pad_to=8)
+    lengths = {
+        decoding.DecodeConfig(40, 1, SamplingConfig(), **options).cache_length(model, batch)
+        for options in (
+            {},
+            {"gamma": 1},
+            {"gamma": 5},
+            {"gamma": 31},
+            {"tree": TreeShape.from_widths((3, 2, 2, 1))},
+        )
+    }
+    assert lengths == {8 + 40 + base.CACHE_SLACK}
+    wide = decoding.DecodeConfig(40, 1, SamplingConfig(), gamma=40).cache_length(model, batch)
+    assert wide == 8 + 40 + 41  # a block wider than the slack brings its own

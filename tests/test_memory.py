@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from speculative import partitioning
 from speculative.measure import memory
+from speculative.models import base
 from tests.helpers import tiny_decoder_model
 
 MESH_2x4 = {"data": 2, "model": 4}
@@ -41,7 +42,7 @@ def test_decoder_param_and_cache_bytes_by_hand():
     assert got == 2 * total
 
     batch, prompt, decode, gamma = 8, 5, 10, 3
-    length = prompt + decode + gamma + 1
+    length = prompt + decode + max(gamma + 1, base.CACHE_SLACK)  # the cache's slack
     cache = 2 * 2 * (batch // 2) * k * length * d * 4  # layers x (key, value), float32
     got = memory.state_bytes(
         model, partitioning.TARGET_RULES, MESH_2x4, batch, prompt, decode, gamma

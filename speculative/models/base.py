@@ -150,9 +150,12 @@ class ConfiguredModel(Configured):
 
     def cache_length(self, prompt_width: int, max_decode_len: int, block: int) -> int:
         # Prompt (decoder-only) + generated tokens + one block of slack: the last round may write a
-        # whole block past the limit before its rows are cut (docs/design.md §2).
+        # whole block past the limit before its rows are cut (docs/design.md §2). The slack is at
+        # least CACHE_SLACK whatever the block, so plain decoding and chains or trees of up to
+        # CACHE_SLACK tokens a call attend over caches of one length: XLA:CPU blocks a product's
+        # sum over the cache by its length, and two lengths round differently (design §9).
         prompt = 0 if self.is_encoder_decoder else prompt_width
-        return prompt + max_decode_len + block
+        return prompt + max_decode_len + max(block, CACHE_SLACK)
 
     def extend(
         self,
@@ -215,6 +218,10 @@ def block_positions(
 
 # Kernel dtypes that take the matrix-unit route in `dense` (docs/design.md §9).
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
+
+
+# Cache positions past prompt + max_decode_len (`ConfiguredModel.cache_length`).
+CACHE_SLACK = 32
 
 
 def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
