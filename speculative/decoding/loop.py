@@ -85,15 +85,16 @@ def _while_not_done(body, state: LoopState) -> LoopState:
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
 
 
+# The loops compile with library dots only: reductions then sum in one order for every row count
+# (models/precision.COMPILER_OPTIONS, docs/design.md §9).
+_jit = functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)
+
+
 # ------------------------------------------------------------------------------------------------
 # Plain autoregressive decoding (the baseline).
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("model", "config", "partitioner"),
-    compiler_options=precision.COMPILER_OPTIONS,
-)
+@functools.partial(_jit, static_argnames=("model", "config", "partitioner"))
 def autoregressive_loop(
     model: LanguageModel,
     params: Any,
@@ -356,11 +357,7 @@ def _next_budget(
     return jnp.clip(jnp.where(n >= proposed, budget + 2, budget - 1), 1, config.gamma)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("target", "draft", "config", "partitioner"),
-    compiler_options=precision.COMPILER_OPTIONS,
-)
+@functools.partial(_jit, static_argnames=("target", "draft", "config", "partitioner"))
 def speculative_loop(
     target: LanguageModel,
     target_params: Any,
