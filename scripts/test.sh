@@ -4,8 +4,8 @@
 #                              mostly compiles on one core, and each worker is its own process
 #   scripts/test.sh --slow     real-weight checks only (downloads ~1.7 GB of GGUF weights once)
 #   scripts/test.sh ARGS...    extra pytest arguments
-# Compiled programs persist in .venv/jax_test_cache (tests/conftest.py), so a rerun compiles little;
-# JAX_COMPILATION_CACHE_DIR= scripts/test.sh runs cold (no persistent cache).
+# Compiles cold: JAX's persistent compilation cache is off unless JAX_COMPILATION_CACHE_DIR names a
+# directory (tests/conftest.py says why), e.g. JAX_COMPILATION_CACHE_DIR=.venv/jax_test_cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh dev,seqio  # seqio: the offline seqio Task tests (tests/test_seqio_task.py, in their own process)

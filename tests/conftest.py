@@ -35,23 +35,17 @@ from speculative import decoding  # noqa: E402
 from speculative.drafts import ngram  # noqa: E402
 from tests import helpers  # noqa: E402
 
-# JAX's persistent compilation cache for the test processes, every program cached: a rerun finds
-# most programs compiled (tests/test_gamma_policies.py took 61 s cold, 16 s warm). One directory per
-# xdist worker (PYTEST_XDIST_WORKER; the subprocesses a worker starts inherit it, and the worker
-# waits for them): two processes writing one cache raced (a reader saw a half-written entry), so
-# no two live processes share one. Outside the repository (.venv/ is not tracked);
-# JAX_COMPILATION_CACHE_DIR, if set, wins, and an empty one turns it off. Jobs that set their own
-# cache (COMPILATION_CACHE_DIR) restore this one afterwards (job_spmd.compilation_cache).
-_CACHE = os.environ.get(
-    "JAX_COMPILATION_CACHE_DIR",
-    str(
-        pathlib.Path(__file__).resolve().parents[1]
-        / ".venv"
-        / "jax_test_cache"
-        / os.environ.get("PYTEST_XDIST_WORKER", "main")
-    ),
-)
+# JAX's persistent compilation cache is off in the test processes unless JAX_COMPILATION_CACHE_DIR
+# names one (e.g. `JAX_COMPILATION_CACHE_DIR=.venv/jax_test_cache scripts/test.sh` for faster
+# reruns; one directory per xdist worker, PYTHONPATH-started subprocesses inherit it). On by
+# default it wrote every compiled program, and jaxlib 0.10.2 segfaulted inside that write
+# (`compilation_cache.put_executable_and_time`) in a full local run, killing a worker midway
+# through an unrelated test (CI's last red run lost a worker the same way; its stack was cut);
+# a clean clone compiles cold anyway. Jobs that set their own
+# cache (COMPILATION_CACHE_DIR) restore this setting afterwards (job_spmd.compilation_cache).
+_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
 if _CACHE:
+    _CACHE = str(pathlib.Path(_CACHE) / os.environ.get("PYTEST_XDIST_WORKER", "main"))
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
