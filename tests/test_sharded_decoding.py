@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from speculative import decoding, distributed, partitioning, sharded_checkpoints
 from speculative.checkpoints import load_t5x
 from speculative.measure import memory
-from speculative.models import t5
+from speculative.models import base, t5
 from speculative.sampling import SamplingConfig
 from tests import helpers
 
@@ -180,14 +180,14 @@ def test_params_sharded_as_the_rules_say(dec_pair, t5_pair):
     assert rel.sharding.spec == P("model", None)
 
 
-def _prefilled_state(p, model, params, batch, role):
+def _prefilled_state(p, model, params, batch, role, cache_len=16):
     """A real decode state after the prefill, placed the way the decode loop constrains it."""
     params = p.place_params(model, params, role)
     batch = p.place_batch(batch)
 
     @jax.jit
     def prefill(params, batch):
-        state, *_ = decoding.prefill(model, params, batch, 16)
+        state, *_ = decoding.prefill(model, params, batch, cache_len)
         return p.constrain_state(model, state, role)
 
     return params, prefill(params, batch)
@@ -196,10 +196,13 @@ def _prefilled_state(p, model, params, batch, role):
 def test_state_sharded_as_the_rules_say_and_memory_report_matches(dec_pair, t5_pair):
     p = partitioning.create_partitioner(2, 4)
     (enc_dec, t5_params), (t5_draft, t5_draft_params), t5_batch = t5_pair
-    params, state = _prefilled_state(p, enc_dec, t5_params, t5_batch, "target")
-    key = state.cache["layers_0"]["key"]  # [B, H, S, D] = [8, 8, 16, 8]
+    # the cache the memory report assumes: 0 (no prompt) + max_decode_len 12 + the slack,
+    # max(gamma 3 + 1, base.CACHE_SLACK)
+    length = enc_dec.cache_length(6, 12, 3 + 1)
+    params, state = _prefilled_state(p, enc_dec, t5_params, t5_batch, "target", length)
+    key = state.cache["layers_0"]["key"]  # [B, H, S, D] = [8, 8, S, 8]
     assert key.sharding.is_equivalent_to(p.sharding(P("batch", "heads"), p.target_rules), 4)
-    assert _shard_shape(key) == (4, 2, 16, 8)
+    assert _shard_shape(key) == (4, 2, length, 8)
     cross = state.extras["cross"]["layers_0"]["value"]
     assert _shard_shape(cross) == (4, 2, 6, 8)
     assert _shard_shape(state.index) == (4,)
@@ -212,11 +215,12 @@ def test_state_sharded_as_the_rules_say_and_memory_report_matches(dec_pair, t5_p
     mesh = p.mesh_shape
     rules = p.target_rules
     assert device0_bytes(params) == memory.param_bytes(enc_dec, rules, mesh, jnp.float32)
-    # cache length 16 = 0 (no prompt) + max_decode_len 12 + gamma 3 + 1
     assert device0_bytes(state) == memory.state_bytes(enc_dec, rules, mesh, 8, 6, 12, 3)
 
-    draft_params, draft_state = _prefilled_state(p, t5_draft, t5_draft_params, t5_batch, "draft")
-    assert _shard_shape(draft_state.cache["layers_0"]["key"]) == (4, 2, 16, 8)  # heads replicated
+    draft_params, draft_state = _prefilled_state(
+        p, t5_draft, t5_draft_params, t5_batch, "draft", length
+    )
+    assert _shard_shape(draft_state.cache["layers_0"]["key"]) == (4, 2, length, 8)  # replicated
     assert device0_bytes(draft_params) == memory.param_bytes(
         t5_draft, p.draft_rules, mesh, jnp.float32
     )
@@ -269,11 +273,13 @@ def test_compiled_loop_gathers_no_full_weights(pair_name, request):
     # Per step, only per-row data is gathered: logits pieces, tokens, indices of the local rows.
     in_loop = _all_gathers(text, loops_only=True)
     assert all(int(np.prod(s)) < min(weights) for s in in_loop), in_loop
-    # The loop carries the caches split: per device [B/2, H/4, S, D] (T5: 8 heads, S = 9 + 3 + 1)
-    # and [B/2, K, S, D] (decoder, 2 kv heads replicated, S = 6 + 9 + 3 + 1), never whole.
+    # The loop carries the caches split: per device [B/2, H/4, S, D] (T5: 8 heads, S = 9 + slack)
+    # and [B/2, K, S, D] (decoder, 2 kv heads replicated, S = 6 + 9 + slack), never whole; the
+    # slack is max(gamma + 1, base.CACHE_SLACK).
+    slack = max(GAMMA + 1, base.CACHE_SLACK)
     split, whole = {
-        "t5_pair": ("f32[4,2,13,8]", "[4,8,13,8]"),
-        "dec_pair": ("f32[4,2,19,8]", "[8,2,19,8]"),
+        "t5_pair": (f"f32[4,2,{9 + slack},8]", f"[4,8,{9 + slack},8]"),
+        "dec_pair": (f"f32[4,2,{15 + slack},8]", f"[8,2,{15 + slack},8]"),
     }[pair_name]
     assert split in text and whole not in text
 
