@@ -7,7 +7,7 @@ touches weights, so a config can be checked (tests/test_all_gin_configs.py) with
 Formats (ModelSpec.format):
   'gguf'    path: a .gguf file or a registry name of `speculative.fetch.MODELS` (fetched on first
             use); the architecture comes from the file, so `model` stays unbound.
-  'hf'      path: a Hugging Face Llama / Qwen2 / Mistral directory (config.json +
+  'hf'      path: a Hugging Face Llama / Qwen2 / Mistral / Gemma 2 / 3 directory (config.json +
             model.safetensors or a sharded index; never pickle); architecture from config.json.
   'hf_t5'   path: a Hugging Face T5 directory (config.json + *.safetensors); architecture from it.
   't5x'     path: a T5X checkpoint directory (local or gs://); `model` gives the architecture.
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints, fetch, sharded_checkpoints, vocab
-from speculative.checkpoints import best
+from speculative.checkpoints import best, families
 from speculative.decoding.drafter import Drafter
 from speculative.drafts import registry, shortlist, staged
 from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
@@ -224,7 +224,7 @@ def with_shortlist(
     if not size:
         return draft
     model, mask = padding.split(draft.model)
-    if type(model) is not decoder.DecoderLM:  # noqa: E721
+    if not families.supports(model, "shortlist"):
         raise JobError(
             f"shortlist needs a decoder-only draft, got {type(model).__name__}", role=role
         )
@@ -235,7 +235,7 @@ def with_shortlist(
         config, params = decoder.restrict_head(model.config, draft.params, ids)
     except ValueError as e:
         raise JobError(f"shortlist: {e}", role=role) from e
-    restricted = mask(decoder.DecoderLM(config))
+    restricted = mask(type(model)(config))
     log.info(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
     return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
 
@@ -345,7 +345,7 @@ def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
         return decoder.DecoderLM(config), params
     if spec.format == "hf":
         config, params = checkpoints.load_hf_decoder(spec.path, dtype=dtype)
-        return decoder.DecoderLM(config), params
+        return checkpoints.hf_model(config), params
     if spec.format == "hf_t5":
         config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
         return t5.T5(config), params

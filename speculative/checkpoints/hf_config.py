@@ -24,12 +24,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from speculative.checkpoints import families
 from speculative.models.decoder import DecoderConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
-def _positive(hf: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+def positive(hf: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     value = hf.get(key, default)
     if value is None:
         raise ValueError(f"config has no {key!r}")
@@ -40,7 +41,7 @@ def _positive(hf: dict[str, Any], key: str, kind: type, default: Any = None) -> 
     return kind(value)
 
 
-def _rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...], int | None]:
+def rope_parameters(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...], int | None]:
     """(theta, DecoderConfig.rope_scaling, context cap or None) of a config."""
     params = hf.get("rope_parameters")
     if params is None:  # transformers 4: rope_theta beside an optional rope_scaling
@@ -52,7 +53,7 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...], int |
     params = dict(params)
     kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
-    theta = _positive({"rope_theta": params.pop("rope_theta", hf.get("rope_theta", 10000.0))},
+    theta = positive({"rope_theta": params.pop("rope_theta", hf.get("rope_theta", 10000.0))},
                       "rope_theta", float)  # fmt: skip
     partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
@@ -62,7 +63,7 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...], int |
     if kind == "default":
         return theta, (), None
     if kind == "dynamic":
-        return theta, (), _positive(hf, "max_position_embeddings", int)
+        return theta, (), positive(hf, "max_position_embeddings", int)
     if kind not in ("linear", "llama3", "yarn"):
         raise ValueError(
             f"RoPE scaling type {kind!r} is not supported (supported: linear, llama3, yarn, "
@@ -97,14 +98,17 @@ def sliding_window(hf: dict[str, Any]) -> int | None:
         sliding = hf.get("sliding_window") is not None
     if not sliding:
         return None
-    return _positive(hf, "sliding_window", int)
+    return positive(hf, "sliding_window", int)
 
 
 def _check_supported(hf: dict[str, Any]) -> None:
     if hf.get("model_type") not in MODEL_TYPES:
+        hint = (
+            " (save the text model: Gemma3ForCausalLM)" if hf.get("model_type") == "gemma3" else ""
+        )
         raise ValueError(
             f"config model_type {hf.get('model_type')!r} is not a supported decoder-only "
-            f"architecture ({', '.join(MODEL_TYPES)})"
+            f"architecture ({', '.join(families.hf_model_types())}){hint}"
         )
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -126,21 +130,22 @@ def decoder_config(
     not say `tie_word_embeddings`. Raises ValueError starting with `source`.
     """
     try:
-        return _decoder_config(hf, lm_head, dtype)
+        return translate(hf, lm_head, dtype)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from e
 
 
-def _decoder_config(hf: dict[str, Any], lm_head: bool, dtype: Any) -> tuple[DecoderConfig, str]:
+def translate(hf: dict[str, Any], lm_head: bool, dtype: Any) -> tuple[DecoderConfig, str]:
+    """`decoder_config` without the file name in its errors (the 'decoder' family's hf_config)."""
     if not isinstance(hf, dict):
         raise ValueError(f"config is a JSON {type(hf).__name__}, not an object")
     _check_supported(hf)
-    emb = _positive(hf, "hidden_size", int)
-    heads = _positive(hf, "num_attention_heads", int)
+    emb = positive(hf, "hidden_size", int)
+    heads = positive(hf, "num_attention_heads", int)
     head_dim = hf.get("head_dim") or emb // heads
-    theta, scaling, cap = _rope(hf)
+    theta, scaling, cap = rope_parameters(hf)
     window = sliding_window(hf)
-    context = _positive(hf, "max_position_embeddings", int, 4096)
+    context = positive(hf, "max_position_embeddings", int, 4096)
     notes = []
     if cap is not None:
         notes.append(f"RoPE 'dynamic' is plain RoPE up to {cap} tokens")
@@ -152,16 +157,16 @@ def _decoder_config(hf: dict[str, Any], lm_head: bool, dtype: Any) -> tuple[Deco
         raise ValueError(f"config 'tie_word_embeddings' is {tied!r}, not true/false")
     note = f"context capped at {limit} tokens ({'; '.join(notes)})" if notes else ""
     return DecoderConfig(
-        vocab_size=_positive(hf, "vocab_size", int),
+        vocab_size=positive(hf, "vocab_size", int),
         emb_dim=emb,
-        num_layers=_positive(hf, "num_hidden_layers", int),
+        num_layers=positive(hf, "num_hidden_layers", int),
         num_heads=heads,
-        num_kv_heads=_positive(hf, "num_key_value_heads", int, heads),
-        head_dim=_positive({"head_dim": head_dim}, "head_dim", int),
-        mlp_dim=_positive(hf, "intermediate_size", int),
+        num_kv_heads=positive(hf, "num_key_value_heads", int, heads),
+        head_dim=positive({"head_dim": head_dim}, "head_dim", int),
+        mlp_dim=positive(hf, "intermediate_size", int),
         rope_theta=theta,
         rope_scaling=scaling,
-        norm_eps=_positive(hf, "rms_norm_eps", float, 1e-6),
+        norm_eps=positive(hf, "rms_norm_eps", float, 1e-6),
         qkv_bias=hf.get("model_type") == "qwen2" or bool(hf.get("attention_bias")),
         tie_word_embeddings=tied,
         max_seq_len=limit,

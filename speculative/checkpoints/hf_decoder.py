@@ -1,6 +1,8 @@
-"""Hugging Face Llama / Qwen2 / Mistral checkpoints (config.json + model.safetensors or a sharded
-model.safetensors.index.json) -> models.decoder.DecoderLM parameters. Never pickle: a directory
-with only pytorch_model.bin (or other *.bin / *.pt files) is refused.
+"""Hugging Face decoder-only checkpoints (config.json + model.safetensors or a sharded
+model.safetensors.index.json) -> the parameters of the model family registered for the config's
+model_type (`checkpoints.families`): Llama / Qwen2 / Mistral -> models.decoder.DecoderLM (this
+file), Gemma 2 / Gemma 3 text -> models.gemma.GemmaLM (checkpoints.hf_gemma). Never pickle: a
+directory with only pytorch_model.bin (or other *.bin / *.pt files) is refused.
 
 Name and layout mapping (E = hidden_size, H / K = query / key-value heads, D = head_dim):
     model.embed_tokens.weight [V, E]                 -> token_embedder/embedding [V, E]
@@ -33,7 +35,7 @@ import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors as
 import numpy as np
 import safetensors
 
-from speculative.checkpoints import hf_config, hf_t5, validation
+from speculative.checkpoints import families, hf_config, hf_t5, validation
 from speculative.models import rope
 from speculative.models.decoder import DecoderConfig, DecoderLM
 
@@ -86,52 +88,67 @@ def read_headers(directory: str) -> dict[str, tuple[str, str, tuple[int, ...]]]:
     return out
 
 
-def tensor_map(config: DecoderConfig) -> dict[str, tuple[str, tuple[int, ...], Transform]]:
-    """{HF tensor name: (DecoderLM parameter path, stored shape, transform to our layout)}."""
-    h, k, d, e, m = (config.num_heads, config.num_kv_heads, config.head_dim, config.emb_dim,
-                     config.mlp_dim)  # fmt: skip
-    v = config.vocab_size
-
-    def shaped(*shape: int) -> Transform:
-        return lambda w: w.reshape(shape)
-
-    same = lambda w: w  # noqa: E731
+def head_tensors(config: Any) -> dict[str, tuple[str, tuple[int, ...], Transform]]:
+    """The embedding, final norm and (untied) output head of a decoder-only HF checkpoint:
+    {HF tensor name: (our parameter path, stored shape, transform)}; any family's config with
+    vocab_size, emb_dim and tie_word_embeddings."""
+    v, e = config.vocab_size, config.emb_dim
     out = {
-        "model.embed_tokens.weight": ("token_embedder/embedding", (v, e), same),
-        "model.norm.weight": ("decoder_norm/scale", (e,), same),
+        "model.embed_tokens.weight": ("token_embedder/embedding", (v, e), _same),
+        "model.norm.weight": ("decoder_norm/scale", (e,), _same),
     }
     if not config.tie_word_embeddings:
-        out["lm_head.weight"] = ("logits_dense/kernel", (v, e), same)
+        out["lm_head.weight"] = ("logits_dense/kernel", (v, e), _same)
+    return out
+
+
+def layer_tensors(
+    config: Any, i: int, norms: dict[str, str], bias: bool
+) -> dict[str, tuple[str, tuple[int, ...], Transform]]:
+    """Layer i's norms ({HF norm name: ours}), attention projections (with their biases when
+    `bias`) and gated MLP, as `head_tensors`; heads-major kernels [H, D, E] / [E, H, D]."""
+    h, k, d, e, m = (config.num_heads, config.num_kv_heads, config.head_dim, config.emb_dim,
+                     config.mlp_dim)  # fmt: skip
+    ours, hf = f"layers_{i}", f"model.layers.{i}"
+    attn, mlp = f"{ours}/self_attention", f"{ours}/mlp"
+    out = {f"{hf}.{theirs}.weight": (f"{ours}/{name}/scale", (e,), _same)
+           for theirs, name in norms.items()}  # fmt: skip
+    for proj, name, heads in (("q", "query", h), ("k", "key", k), ("v", "value", k)):
+        out[f"{hf}.self_attn.{proj}_proj.weight"] = (
+            f"{attn}/{name}/kernel", (heads * d, e), _shaped(heads, d, e)
+        )  # fmt: skip
+        if bias:
+            out[f"{hf}.self_attn.{proj}_proj.bias"] = (
+                f"{attn}/{name}/bias", (heads * d,), _shaped(heads, d)
+            )  # fmt: skip
+    out[f"{hf}.self_attn.o_proj.weight"] = (f"{attn}/out/kernel", (e, h * d), _shaped(e, h, d))
+    out[f"{hf}.mlp.gate_proj.weight"] = (f"{mlp}/wi_0/kernel", (m, e), _same)
+    out[f"{hf}.mlp.up_proj.weight"] = (f"{mlp}/wi_1/kernel", (m, e), _same)
+    out[f"{hf}.mlp.down_proj.weight"] = (f"{mlp}/wo/kernel", (e, m), _same)
+    return out
+
+
+def _same(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+def _shaped(*shape: int) -> Transform:
+    return lambda w: w.reshape(shape)
+
+
+# The LLaMA layout's two norms, by their HF names.
+LLAMA_NORMS = {
+    "input_layernorm": "pre_self_attention_layer_norm",
+    "post_attention_layernorm": "pre_mlp_layer_norm",
+}
+
+
+def tensor_map(config: DecoderConfig) -> dict[str, tuple[str, tuple[int, ...], Transform]]:
+    """{HF tensor name: (DecoderLM parameter path, stored shape, transform to our layout)}."""
+    out = head_tensors(config)
     for i in range(config.num_layers):
-        ours, hf = f"layers_{i}", f"model.layers.{i}"
-        attn, mlp = f"{ours}/self_attention", f"{ours}/mlp"
-        out[f"{hf}.input_layernorm.weight"] = (
-            f"{ours}/pre_self_attention_layer_norm/scale",
-            (e,),
-            same,
-        )
-        out[f"{hf}.post_attention_layernorm.weight"] = (
-            f"{ours}/pre_mlp_layer_norm/scale",
-            (e,),
-            same,
-        )
-        for proj, name, heads in (("q", "query", h), ("k", "key", k), ("v", "value", k)):
-            out[f"{hf}.self_attn.{proj}_proj.weight"] = (
-                f"{attn}/{name}/kernel",
-                (heads * d, e),
-                shaped(heads, d, e),
-            )
-            if config.qkv_bias:
-                out[f"{hf}.self_attn.{proj}_proj.bias"] = (
-                    f"{attn}/{name}/bias",
-                    (heads * d,),
-                    shaped(heads, d),
-                )
-        out[f"{hf}.self_attn.o_proj.weight"] = (f"{attn}/out/kernel", (e, h * d), shaped(e, h, d))
-        out[f"{hf}.mlp.gate_proj.weight"] = (f"{mlp}/wi_0/kernel", (m, e), same)
-        out[f"{hf}.mlp.up_proj.weight"] = (f"{mlp}/wi_1/kernel", (m, e), same)
-        out[f"{hf}.mlp.down_proj.weight"] = (f"{mlp}/wo/kernel", (e, m), same)
-    return out  # fmt: skip
+        out.update(layer_tensors(config, i, LLAMA_NORMS, config.qkv_bias))
+    return out
 
 
 def _is_inv_freq(name: str) -> bool:
@@ -157,7 +174,7 @@ def check_headers(
         if name not in allowed and not _is_inv_freq(name):
             raise ValueError(
                 f"{file}: unexpected tensor {name!r} with shape {shape} for this config.json "
-                f"({config.num_layers} layers, qkv bias {config.qkv_bias}, "
+                f"({config.num_layers} layers, qkv bias {getattr(config, 'qkv_bias', False)}, "
                 f"tied head {config.tie_word_embeddings})"
             )
         if dtype not in FLOAT_DTYPES:
@@ -196,14 +213,37 @@ def _check_extras(handles: dict[str, Any], headers: dict, config: DecoderConfig)
             )
 
 
-def load_hf_decoder(
-    path: str | os.PathLike, dtype: Any = jnp.float32
-) -> tuple[DecoderConfig, dict]:
-    """Reads a Hugging Face Llama / Qwen2 / Mistral directory.
+def read_config(hf: Any, lm_head: bool, dtype: Any, source: str) -> tuple[Any, str]:
+    """(config, note) of a config.json dict by the family registered for its model_type
+    (`checkpoints.families`); ValueError starting with source."""
+    family = families.of_hf_model_type(hf.get("model_type") if isinstance(hf, dict) else None)
+    if family is None:  # refused there, naming the model_type and the ones that are read
+        return hf_config.decoder_config(hf, lm_head, dtype, source)
+    try:
+        return family.hf_config(hf, lm_head, dtype)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from e
+
+
+def hf_model(config: Any) -> Any:
+    """The model (its family's class) of a config `load_hf_decoder` returned."""
+    return _family(config).model(config)
+
+
+def _family(config: Any) -> families.Family:
+    family = families.of_config(config)
+    if family is None or family.hf_tensor_map is None:
+        raise TypeError(f"no model family reads {type(config).__name__} from format 'hf'")
+    return family
+
+
+def load_hf_decoder(path: str | os.PathLike, dtype: Any = jnp.float32) -> tuple[Any, dict]:
+    """Reads a Hugging Face Llama / Qwen2 / Mistral / Gemma 2 / Gemma 3 (text) directory.
 
     Returns:
-      (config, params): the DecoderConfig of its config.json (config.dtype = dtype) and the
-      DecoderLM parameter tree (nested dicts of jax arrays of `dtype`).
+      (config, params): the DecoderConfig (Gemma: GemmaConfig) of its config.json (config.dtype =
+      dtype) and the model's parameter tree (nested dicts of jax arrays of `dtype`); `hf_model`
+      gives the model.
     Raises:
       ValueError / FileNotFoundError naming the file (and the tensor or config field): pickled
       weights only, a corrupt file, an unsupported config, or a missing, unexpected, mis-shaped,
@@ -215,15 +255,15 @@ def load_hf_decoder(
     source = hf_config.config_path(directory)
     headers = read_headers(directory)
     hf = hf_t5.read_json(source, "config")
-    config, note = hf_config.decoder_config(hf, "lm_head.weight" in headers, dtype, source)
+    config, note = read_config(hf, "lm_head.weight" in headers, dtype, source)
     if note:
         log.info(f"{directory}: {note}")
-    mapping = tensor_map(config)
+    mapping = _family(config).hf_tensor_map(config)
     expected = validation.expected_shapes(
-        jax.eval_shape(DecoderLM(config).init_params, jax.random.PRNGKey(0))
+        jax.eval_shape(hf_model(config).init_params, jax.random.PRNGKey(0))
     )
     if {ours for ours, _, _ in mapping.values()} != set(expected):  # a bug here, not in the file
-        raise AssertionError("tensor map and DecoderLM tree differ")
+        raise AssertionError("tensor map and model tree differ")
     check_headers(headers, mapping, config, directory)
     files = sorted({file for file, _, _ in headers.values()})
     handles = {file: safetensors.safe_open(file, framework="numpy") for file in files}
@@ -240,3 +280,16 @@ def load_hf_decoder(
     finally:
         handles.clear()
     return config, validation.unflatten(flat)
+
+
+FAMILY = families.register(
+    families.Family(
+        name="decoder",
+        model=DecoderLM,
+        config=DecoderConfig,
+        hf_model_types=hf_config.MODEL_TYPES,
+        hf_config=hf_config.translate,
+        hf_tensor_map=tensor_map,
+        features=frozenset({"layer_skip", "shortlist", "feature_head"}),
+    )
+)

@@ -38,7 +38,7 @@ import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors as
 import numpy as np
 import safetensors
 
-from speculative.checkpoints import validation
+from speculative.checkpoints import families, validation
 from speculative.models import t5
 
 # Element sizes of the safetensors dtypes, for naming the tensor in a header the library refuses.
@@ -418,3 +418,9 @@ def load_hf_t5(path: str, dtype: Any = jnp.float32) -> tuple[t5.T5Config, dict[s
     expected = jax.eval_shape(model.init_params, jax.random.PRNGKey(0))
     params = validation.to_params(flat, expected, dtype, path, stored_names=stored)
     return config, params
+
+
+# T5 is read by its own loader (format 'hf_t5', `load_hf_t5`), not through the decoder-only one.
+FAMILY = families.register(
+    families.Family(name="t5", model=t5.T5, config=t5.T5Config, hf_model_types=("t5", "mt5"))
+)

@@ -30,13 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.checkpoints import t5x, validation
+from speculative.checkpoints import families, t5x, validation
 from speculative.checkpoints.t5x_write import checkpoint_steps
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import JobError
-from speculative.models import decoder, padding
+from speculative.models import padding
 from speculative.models.base import DecodeState
 from speculative.models.feature_head import (
     FeatureHead,
@@ -83,7 +83,7 @@ class FeatureHeadDrafter(StatelessDrafter):
     def check_target(self, target: Any) -> None:
         super().check_target(target)
         bare, _ = padding.split(target)
-        if not isinstance(bare, decoder.DecoderLM):
+        if not families.supports(bare, "feature_head"):
             raise ValueError(f"a feature head drafts for a decoder-only DecoderLM, got {target!r}")
         if bare.config.emb_dim != self.head.config.emb_dim:
             raise ValueError(
@@ -233,7 +233,7 @@ def build_drafter(
     """(drafter, params) for a fitted DecoderLM target: the head, the target's embedding table
     and the rows of its output head for `ids` (the whole head when ids is None)."""
     bare, _ = padding.split(target_model)
-    if not isinstance(bare, decoder.DecoderLM):
+    if not families.supports(bare, "feature_head"):
         raise ValueError(f"a feature head drafts for a DecoderLM target, got {target_model!r}")
     lm_head = target_lm_head(bare.config, target_params)
     if ids is not None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from speculative.checkpoints import families
 from speculative.decoding.model_drafter import ModelDrafter
 from speculative.drafts import registry
 from speculative.errors import JobError
-from speculative.models import decoder, padding
+from speculative.models import padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class LayerSkipDrafter(ModelDrafter):
 
     def __post_init__(self):
         bare, mask = padding.split(self.target)
-        if not isinstance(bare, decoder.DecoderLM):
+        if not families.supports(bare, "layer_skip"):
             raise ValueError(
                 f"layer-skip drafts need a decoder-only DecoderLM target, got {self.target!r}"
             )
@@ -48,7 +49,7 @@ class LayerSkipDrafter(ModelDrafter):
                 f"got {self.num_layers!r}"
             )
         shallow = dataclasses.replace(bare.config, num_layers=self.num_layers)
-        object.__setattr__(self, "model", mask(decoder.DecoderLM(shallow)))
+        object.__setattr__(self, "model", mask(type(bare)(shallow)))
 
     def model_params(self, params: Any) -> Any:
         """The target's parameter tree cut to the draft's layers (same arrays, no copy)."""
@@ -74,7 +75,7 @@ def _validate(spec: registry.DraftSpec, role: str) -> None:
 
 def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
     bare, _ = padding.split(target_model)
-    if type(bare) is not decoder.DecoderLM:  # noqa: E721 (other wrappers are refused)
+    if not families.supports(bare, "layer_skip"):  # other wrappers are refused too
         raise JobError(f"layer_skip needs a DecoderLM target, got {type(bare).__name__}", role=role)
     try:
         return LayerSkipDrafter(target_model, spec.num_layers), target_params

@@ -149,11 +149,8 @@ class ConfiguredModel(Configured):
         return getattr(self.config, "max_seq_len", None)
 
     def cache_length(self, prompt_width: int, max_decode_len: int, block: int) -> int:
-        # Prompt (decoder-only) + generated tokens + one block of slack: the last round may write a
-        # whole block past the limit before its rows are cut (docs/design.md §2). The slack is at
-        # least CACHE_SLACK whatever the block, so plain decoding and chains or trees of up to
-        # CACHE_SLACK tokens a call attend over caches of one length: XLA:CPU blocks a product's
-        # sum over the cache by its length, and two lengths round differently (design §9).
+        # Prompt (decoder-only) + generated tokens + a block of slack (the last round may write a
+        # whole block past the limit), at least CACHE_SLACK: design §2 and §9.
         prompt = 0 if self.is_encoder_decoder else prompt_width
         return prompt + max_decode_len + max(block, CACHE_SLACK)
 
@@ -220,8 +217,7 @@ def block_positions(
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
 
 
-# Cache positions past prompt + max_decode_len (`ConfiguredModel.cache_length`).
-CACHE_SLACK = 32
+CACHE_SLACK = 32  # the least cache slack: plain and speculative round alike (docs/design.md §9)
 
 
 def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -389,6 +385,7 @@ def attend(
     bias: jax.Array | None = None,
     scale: float = 1.0,
     drop_weights: Callable[[jax.Array], jax.Array] | None = None,
+    logit_cap: float = 0.0,
 ) -> jax.Array:
     """Grouped-query dot-product attention with softmax in float32.
 
@@ -405,6 +402,7 @@ def attend(
       scale: multiplier on query.key (1/sqrt(D) for LLaMA; 1 for T5, folded into the query kernel).
       drop_weights: training only (T5's attention dropout): maps the weights [B, H, L, S] to
         their dropped-out values; None (every decoding path) leaves them untouched.
+      logit_cap: Gemma 2's soft-cap, scores -> cap * tanh(scores / cap) before the mask; 0: none.
     Returns:
       [B, L, H, D] in the query dtype.
     """
@@ -419,6 +417,7 @@ def attend(
     q = q.astype(key.dtype)
     scores = jnp.einsum("bkqd,bksd->bkqs", q, key, preferred_element_type=jnp.float32)
     scores = scores.reshape(batch, heads, length, key_len) * scale
+    scores = logit_cap * jnp.tanh(scores / logit_cap) if logit_cap else scores
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)

@@ -205,6 +205,19 @@ class DecoderLayer(nn.Module):
         return x + MLP(cfg, name="mlp")(normed), layer_cache
 
 
+def token_embedder(cfg: Any) -> nn.Embed:
+    """The [V, E] token table `token_embedder` of a decoder-only stack (called inside its
+    compact __call__, so the stack owns it); cfg: any family's config."""
+    return nn.Embed(
+        cfg.vocab_size,
+        cfg.emb_dim,
+        embedding_init=nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=cfg.embedding_init_std), ("vocab", "embed")
+        ),
+        name="token_embedder",
+    )
+
+
 class DecoderStack(nn.Module):
     """tokens [B, L] at absolute positions [B, L] -> (logits [B, L, V] float32, updated cache,
     features [B, L, E] float32: the final normed hidden states the output head reads)."""
@@ -214,14 +227,7 @@ class DecoderStack(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, cache, index, ancestors=None):
         cfg = self.config
-        embedder = nn.Embed(
-            cfg.vocab_size,
-            cfg.emb_dim,
-            embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(stddev=cfg.embedding_init_std), ("vocab", "embed")
-            ),
-            name="token_embedder",
-        )
+        embedder = token_embedder(cfg)
         x = base.embed(embedder.embedding, tokens).astype(jnp.float32)  # the residual stream
         mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         new_cache = {}
@@ -316,13 +322,12 @@ def restrict_head(
     return new_config, restricted
 
 
-class DecoderLM(base.ConfiguredModel):
-    """Decoder-only LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
+class DecoderOnly(base.ConfiguredModel):
+    """The cache plumbing of decoder-only families whose module takes (tokens, positions, cache,
+    index, ancestors) and whose config has num_layers, num_kv_heads, head_dim and dtype (this
+    layout, models.gemma). Subclasses define `make_module`."""
 
     is_encoder_decoder = False
-
-    def make_module(self, config: DecoderConfig) -> DecoderStack:
-        return DecoderStack(config)
 
     def _dummy_inputs(self):
         cache = base.init_kv_cache(
@@ -373,3 +378,10 @@ class DecoderLM(base.ConfiguredModel):
         return self.module.apply(
             {"params": params}, tokens, positions, state.cache, state.index, ancestors
         )
+
+
+class DecoderLM(DecoderOnly):
+    """Decoder-only LM implementing `base.LanguageModel`. Hashable by config (a static jit arg)."""
+
+    def make_module(self, config: DecoderConfig) -> DecoderStack:
+        return DecoderStack(config)

@@ -19,7 +19,7 @@ import numpy as np
 from speculative import model_loading as ml
 from speculative import provenance, summaries
 from speculative import vocab as vocab_lib
-from speculative.checkpoints import t5x_write
+from speculative.checkpoints import families, t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError, output_location
@@ -33,7 +33,6 @@ from speculative.job_io import (
 from speculative.jobs.common import check_required
 from speculative.jobs.train_head import data
 from speculative.jobs.train_head import train as head_train
-from speculative.models import decoder
 from speculative.models.feature_head import FeatureHead, FeatureHeadConfig, target_lm_head
 
 log = logging.getLogger(__name__)
@@ -158,7 +157,7 @@ def run(cfg: HeadTrainConfig) -> dict[str, Any]:
         slot = "speculative.HeadTrainConfig."  # a spec bound to the wrong slot names it
         vocabulary = ml.load_vocabulary(cfg.vocabulary, slot=slot + "vocabulary")
         target = ml.load_model(cfg.target, "target", slot=slot + "target")
-        if not isinstance(target.model, decoder.DecoderLM):
+        if not families.supports(target.model, "feature_head"):
             raise JobError(f"a feature head needs a DecoderLM target, got {target.model!r}")
         if target.model.config.rope_scaling:  # the head's own layer computes plain RoPE only
             raise JobError(
