@@ -64,6 +64,7 @@ setup(
         "dev": [
             "pytest>=9.2",  # faulthandler_exit_on_timeout (pyproject.toml)
             "pytest-xdist>=3.5",  # scripts/test.sh runs the suite on 2 workers
+            "pytest-rerunfailures>=14",  # scripts/test.sh reruns a test whose worker crashed
             "ruff>=0.5",
             "scipy>=1.11",
             "hypothesis>=6.100",  # loader fuzzing (tests/test_loader_fuzz.py)
