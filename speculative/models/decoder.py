@@ -67,23 +67,32 @@ class DecoderConfig:
     head_tokens: int = 0
 
     def __post_init__(self):
-        base.require_positive(
-            self, ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-        )
+        check_attention_config(self, (self.rope_scaling,))
         if not 0 <= self.head_tokens <= self.vocab_size:
             raise ValueError(
                 f"DecoderConfig.head_tokens must be in [0, vocab_size={self.vocab_size}], "
                 f"got {self.head_tokens}"
             )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"DecoderConfig.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"DecoderConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        if self.rope_scaling:
-            rope.check_scaling(self.rope_scaling)
+
+
+def check_attention_config(cfg: Any, scalings: tuple[tuple[tuple[str, Any], ...], ...]) -> None:
+    """ValueError naming the config class for sizes a decoder-only family's attention cannot take:
+    non-positive sizes, query heads not a multiple of the kv heads, an odd head_dim (RoPE), an
+    unknown RoPE scaling among `scalings`."""
+    name = type(cfg).__name__
+    base.require_positive(
+        cfg, ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+    )
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"{name}.num_heads ({cfg.num_heads}) must be a multiple of "
+            f"num_kv_heads ({cfg.num_kv_heads})"
+        )
+    if cfg.head_dim % 2:
+        raise ValueError(f"{name}.head_dim must be even for RoPE, got {cfg.head_dim}")
+    for scaling in scalings:
+        if scaling:
+            rope.check_scaling(scaling)
 
 
 def _param(module: nn.Module, name: str, shape, axes, std: float, dtype=jnp.float32):

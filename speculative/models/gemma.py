@@ -31,12 +31,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative.models import base, rope
+from speculative.models import base
 from speculative.models.decoder import (
     DecoderOnly,
     LogitsDense,
     Projection,
     apply_rope,
+    check_attention_config,
     token_embedder,
 )
 
@@ -69,16 +70,7 @@ class GemmaConfig:
     embedding_init_std: float = 1.0
 
     def __post_init__(self):
-        base.require_positive(
-            self, ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-        )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"GemmaConfig.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"GemmaConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        check_attention_config(self, (self.rope_scaling, self.local_rope_scaling))
         if self.local_layers and len(self.local_layers) != self.num_layers:
             raise ValueError(
                 f"GemmaConfig.local_layers has {len(self.local_layers)} entries, not "
@@ -86,9 +78,6 @@ class GemmaConfig:
             )
         if any(self.local_layers) and self.sliding_window < 1:
             raise ValueError("GemmaConfig.sliding_window must be >= 1 when a layer is local")
-        for scaling in (self.rope_scaling, self.local_rope_scaling):
-            if scaling:
-                rope.check_scaling(scaling)
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer]
