@@ -1,5 +1,9 @@
 """Gin registration of the configurable pieces, T5X-style names (`t5.T5Config.emb_dim = 512`).
 
+Every registered model family's model and config classes are configurable under the family's
+name (`decoder.DecoderLM`, `decoder.DecoderConfig`, `gemma.GemmaLM`, `t5.T5`, ...;
+`checkpoints.families`), so a family's random-weight config needs no line here.
+
 Import this module before parsing gin files; model files bind a `MODEL` macro
 (see configs/models/*/base.gin), which `build_model` returns.
 """
@@ -10,13 +14,13 @@ from collections.abc import Sequence
 
 import gin
 
+from speculative import checkpoints as checkpoints  # registers every family
 from speculative import decoding, sampling
-from speculative.models import decoder, t5
+from speculative.checkpoints import families
 
-gin.external_configurable(t5.T5Config, module="t5")
-gin.external_configurable(t5.T5, module="t5")
-gin.external_configurable(decoder.DecoderConfig, module="decoder")
-gin.external_configurable(decoder.DecoderLM, module="decoder")
+for _name in families.names():
+    gin.external_configurable(families.get(_name).config, module=_name)
+    gin.external_configurable(families.get(_name).model, module=_name)
 gin.external_configurable(sampling.SamplingConfig, module="sampling")
 gin.external_configurable(decoding.GammaPolicy, module="decoding")
 

@@ -13,6 +13,8 @@ Formats (ModelSpec.format):
   't5x'     path: a T5X checkpoint directory (local or gs://); `model` gives the architecture.
   'random'  RANDOM WEIGHTS from `model.init_params(PRNGKey(seed))`: for tests and smoke runs only,
             never a trained model; every job labels it as such.
+Every format but 'random' is read by the model families that list it (`checkpoints.families`:
+`reader(format)`), so this module names no family; a family registered elsewhere adds its formats.
 
 A file a loader cannot read becomes a JobError naming the role and the file (`error: target PATH:
 ...`). `fit_vocabulary` checks the tokenizer against each model's output size before decoding and
@@ -36,7 +38,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from speculative import checkpoints, fetch, sharded_checkpoints, vocab
+from speculative import checkpoints as checkpoints  # registers every family
+from speculative import fetch, sharded_checkpoints, vocab
 from speculative.checkpoints import best, families
 from speculative.decoding.drafter import Drafter
 from speculative.drafts import registry, shortlist, staged
@@ -50,13 +53,17 @@ from speculative.errors import (
     loader_error,
     strip_path,
 )
-from speculative.models import decoder, padding, precision, t5
+from speculative.models import decoder, padding, precision
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("gguf", "hf", "hf_t5", "t5x", "random")
+# The formats the registered families read (`checkpoints.families.reader`), and random weights.
+FORMATS = (*families.formats(), "random")
+# Formats read shard by shard onto a mesh, each host reading only its slices:
+# (path, config, partitioner, role, dtype) -> placed params.
+SHARD_READERS = {"t5x": sharded_checkpoints.load_t5x_sharded}
 VOCAB_KINDS = ("gguf", "hf", "sentencepiece", "byte")
 
 
@@ -159,8 +166,9 @@ def validate_model_spec(
     if isinstance(spec, DraftSpec):
         registry.validate(spec, role)
         return
-    if spec.format not in FORMATS:
-        raise JobError(f"{role}: unknown ModelSpec.format {spec.format!r}; known: {FORMATS}")
+    known = (*families.formats(), "random")
+    if spec.format not in known:
+        raise JobError(f"{role}: unknown ModelSpec.format {spec.format!r}; known: {known}")
     try:
         if spec.dtype != precision.AUTO:
             jnp.dtype(spec.dtype)
@@ -169,7 +177,7 @@ def validate_model_spec(
             f"{role}: unknown dtype {spec.dtype!r} (float32, bfloat16, or 'auto': bfloat16 where "
             "the machine runs it faster)"
         ) from e
-    needs_model = spec.format in ("t5x", "random")
+    needs_model = spec.format == "random" or families.needs_model(spec.format)
     if needs_model and not hasattr(spec.model, "init_params"):
         raise JobError(f"{role}: format {spec.format!r} needs ModelSpec.model (e.g. %MODEL)")
     if not needs_model and spec.model is not None:
@@ -179,9 +187,13 @@ def validate_model_spec(
         )
     if spec.format == "random" and spec.path is not None:
         raise JobError(f"{role}: format 'random' takes no path (got {spec.path!r})")
-    if spec.format == "t5x" and not isinstance(spec.model, t5.T5):
-        raise JobError(f"{role}: format 't5x' needs a t5.T5 model, got {type(spec.model).__name__}")
-    if spec.format in ("hf", "hf_t5", "t5x"):
+    readers = families.reading(spec.format)
+    if needs_model and readers and families.of_model(spec.model) not in readers:
+        wanted = " or ".join(f"{f.model.__name__} (family {f.name!r})" for f in readers)
+        raise JobError(
+            f"{role}: format {spec.format!r} needs a {wanted} model, got {type(spec.model).__name__}"
+        )
+    if spec.format not in ("gguf", "random"):  # a GGUF path may be a registry name (fetched)
         check_path(role, f"format {spec.format!r}", spec.path)
     resolved(spec, role)  # a training run's best-checkpoint record is checked here, before loading
     if spec.format == "gguf" and not (isinstance(spec.path, str) and spec.path in fetch.MODELS):
@@ -190,8 +202,8 @@ def validate_model_spec(
 
 def is_encoder_decoder(spec: ModelSpec) -> bool:
     """Whether a spec's model is an encoder-decoder, known without reading its weights."""
-    if spec.format in ("gguf", "hf", "hf_t5"):
-        return spec.format == "hf_t5"
+    if spec.model is None:  # the checkpoint says the architecture: ask the families reading it
+        return all(f.model.is_encoder_decoder for f in families.reading(spec.format))
     return bool(spec.model.is_encoder_decoder)
 
 
@@ -316,11 +328,10 @@ def _read_sharded(spec: ModelSpec, role: str, partitioner: Any) -> tuple[Languag
     place_role = "draft" if role == "draft" else "target"
     if spec.model is not None:  # the architecture is known: check the mesh before reading
         _check_mesh(partitioner, spec.model, place_role, role)
-    if spec.format == "t5x":
+    if spec.format in SHARD_READERS:
         dtype = jnp.dtype(spec.dtype)
-        params = sharded_checkpoints.load_t5x_sharded(
-            spec.path, spec.model.config, partitioner, place_role, dtype
-        )
+        read = SHARD_READERS[spec.format]
+        params = read(spec.path, spec.model.config, partitioner, place_role, dtype)
         return with_dtype(spec.model, spec.dtype), params
     model, params = _read_weights(spec, role)
     _check_mesh(partitioner, model, place_role, role)
@@ -335,22 +346,15 @@ def _check_mesh(partitioner: Any, model: Any, place_role: str, role: str) -> Non
 
 
 def _read_weights(spec: ModelSpec, role: str) -> tuple[LanguageModel, Any]:
-    """(model, params) of a validated spec, by its format."""
+    """(model, params) of a validated spec: random weights, or the reader of its format
+    (`checkpoints.families.reader`; the file, or ModelSpec.model for 't5x', says the family)."""
     dtype = jnp.dtype(spec.dtype)
     if spec.format == "random":
         model = with_dtype(spec.model, spec.dtype)
         return model, _cast(model.init_params(jax.random.PRNGKey(spec.seed)), dtype)
-    if spec.format == "gguf":
-        config, params = checkpoints.load_gguf(_gguf_path(role, spec.path), dtype=dtype)
-        return decoder.DecoderLM(config), params
-    if spec.format == "hf":
-        config, params = checkpoints.load_hf_decoder(spec.path, dtype=dtype)
-        return checkpoints.hf_model(config), params
-    if spec.format == "hf_t5":
-        config, params = checkpoints.load_hf_t5(spec.path, dtype=dtype)
-        return t5.T5(config), params
-    params = checkpoints.load_t5x(spec.path, spec.model.config, dtype=dtype)
-    return with_dtype(spec.model, spec.dtype), params
+    path = _gguf_path(role, spec.path) if spec.format == "gguf" else spec.path
+    model, params = families.reader(spec.format)(path, dtype, spec.model)
+    return with_dtype(model, spec.dtype), params
 
 
 def validate_vocab_spec(spec: VocabSpec, role: str, slot: str | None = None) -> None:

@@ -17,7 +17,7 @@ import jax
 import pytest
 
 from speculative import benchmark, gin_flags, infer, job_spmd, partitioning, sharded_checkpoints
-from speculative import model_loading as ml
+from speculative.checkpoints import t5x
 from speculative.models import t5
 from tests import helpers
 
@@ -138,7 +138,7 @@ def test_t5x_target_is_read_per_shard_with_the_unsharded_tokens(inputs, tmp_path
         raise AssertionError("a T5X checkpoint was loaded whole on a mesh")
 
     monkeypatch.setattr(sharded_checkpoints, "read_slice", recording_read)
-    monkeypatch.setattr(ml.checkpoints, "load_t5x", never_whole)
+    monkeypatch.setattr(t5x, "load_t5x", never_whole)  # format 't5x''s whole read (t5x.read_t5x)
     infer.main(_flags(inputs, tmp_path / "sharded", *common, *_mesh(2, 4)))
     assert 264 * 32 // 4 in reads and 264 * 32 not in reads  # the embedding, a quarter at a time
     whole, sharded = _rows(tmp_path / "whole"), _rows(tmp_path / "sharded")

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from speculative import model_loading as ml
@@ -43,6 +44,10 @@ def test_register_refuses_clashes():
         families.register(clash)
     with pytest.raises(ValueError, match="registered already"):
         families.register(dataclasses.replace(decoder_family, features=frozenset()))
+    other_hf = families.Family("other", int, float, readers=(("hf", lambda *args: args),))
+    with pytest.raises(ValueError, match="'hf'.*belongs to 'decoder'"):  # one reader a format
+        families.register(other_hf)
+    assert "other" not in families.names()
     with pytest.raises(ValueError, match="unknown feature 'speed'"):
         families.Family("x", int, float, features=frozenset({"speed"}))
 
@@ -110,3 +115,67 @@ def test_a_family_registered_outside_the_package_loads_through_format_hf(tmp_pat
     families.unregister(clone_family.name)
     with pytest.raises(JobError, match="model_type 'tinyclone' is not a supported"):
         ml.load_model(ml.ModelSpec(format="hf", path=str(directory)), "target")
+
+
+def test_formats_are_read_through_the_registry(tmp_path):
+    """model_loading asks `families.reader(format)`: every format but 'random' is some family's,
+    't5x' leaves the architecture to ModelSpec.model and takes only a model of a family reading it."""
+    assert families.formats() == ("gguf", "hf", "hf_t5", "t5x") and ml.FORMATS[-1] == "random"
+    assert [f.name for f in families.reading("hf")] == ["decoder", "gemma"]
+    assert families.reader("hf") is hf_decoder.read_hf and families.needs_model("t5x")
+    assert (
+        not families.needs_model("gguf")
+        and families.of_gguf_architecture("qwen2").name == "decoder"
+    )
+    assert ml.is_encoder_decoder(ml.ModelSpec(format="hf_t5", path="x"))
+    assert not ml.is_encoder_decoder(ml.ModelSpec(format="gguf", path="x"))
+    with pytest.raises(ValueError, match="no model family reads format 'onnx'"):
+        families.reader("onnx")
+    spec = ml.ModelSpec(
+        format="t5x", path=str(tmp_path), model=helpers.tiny_decoder_model(8, 8, 1, 1, 1)
+    )
+    with pytest.raises(
+        JobError, match="format 't5x' needs a T5 \\(family 't5'\\) model, got DecoderLM"
+    ):
+        ml.validate_model_spec(spec, "target")
+
+
+def test_gguf_architecture_of_no_family_is_one_line(tmp_path):
+    """A Gemma GGUF file (no family translates its metadata yet) is refused naming its
+    architecture and the ones the families read."""
+    gguf_testutil = pytest.importorskip("tests.gguf_testutil")
+    hp = dict(emb=8, layers=1, heads=2, kv_heads=1, mlp=16, context=32, rope_theta=1e4, eps=1e-6)
+    tensors = {"token_embd.weight": np.ones((16, 8), np.float32)}
+    path = gguf_testutil.write_model(tmp_path / "g.gguf", "gemma2", hp, tensors)
+    with pytest.raises(JobError) as raised:
+        ml.load_model(ml.ModelSpec(format="gguf", path=str(path)), "target")
+    message = str(raised.value)
+    assert "unsupported GGUF architecture 'gemma2'; supported: llama, qwen2" in message
+    assert "\n" not in message
+
+
+def _random_gemma_infer(tmp_path: pathlib.Path, name: str, *flags: str) -> list[dict]:
+    from speculative import infer
+
+    inputs = helpers.write_jsonl(tmp_path / "in.jsonl", helpers.DRAFT_PROMPTS)
+    out = tmp_path / name
+    models = ["--gin_file=configs/runs/infer.gin", "--gin_file=configs/demo/tiny_random_gemma.gin"]
+    io = [f"--gin.INPUT_FILE='{inputs}'", f"--gin.OUTPUT_DIR='{out}'"]
+    infer.main([*models, *helpers.SMALL_INFER, *io, *flags])
+    rows, summary = helpers.read_outputs(out)
+    assert "RANDOM WEIGHTS" in json.dumps(summary) and "GemmaLM" in json.dumps(summary)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "speculative_flags",
+    [["--gin.GAMMA=3"], pytest.param(["--gin.TREE=(2, 2, 1)"], marks=pytest.mark.slow)],
+    ids=["chain", "tree"],
+)
+def test_random_gemma_gin_config_speculative_equals_plain(tmp_path, speculative_flags):
+    """configs/demo/tiny_random_gemma.gin (format 'random', a Gemma 3 config with sliding-window
+    layers shorter than the prompts) runs in the infer job; speculative greedy output = plain."""
+    plain = _random_gemma_infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
+    spec = _random_gemma_infer(tmp_path, "spec", *speculative_flags)
+    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
+    assert sum(len(r["output_ids"]) for r in plain) > len(plain)  # more than one token a row

@@ -1,5 +1,5 @@
-"""Runs the 8-device SPMD tests (tests/test_sharded_decoding.py, and tests/test_orbax_t5x_shards.py
-when orbax-checkpoint is installed) in subprocesses.
+"""Runs the 8-device SPMD tests (tests/test_sharded_decoding.py, tests/test_sharded_gemma.py, and
+tests/test_orbax_t5x_shards.py when orbax-checkpoint is installed) in subprocesses.
 
 XLA's host device count is fixed when JAX starts, and the rest of the suite runs on one device in
 this process; so the sharded tests get their own interpreter with
@@ -14,10 +14,10 @@ import pytest
 
 from tests import helpers
 
-MODULES = ["tests/test_sharded_decoding.py"]
-# -k expression -> how many tests it selects at least (16 in all, 20 with orbax; the 8x1 meshes
-# are slow-marked repeats).
-HALVES = {"t5": 5, "not t5": 11}
+MODULES = ["tests/test_sharded_decoding.py", "tests/test_sharded_gemma.py"]
+# -k expression -> how many tests it selects at least (19 in all, 23 with orbax; the 8x1 meshes
+# are slow-marked repeats; Gemma's 3 are in the "not t5" half).
+HALVES = {"t5": 5, "not t5": 14}
 # Orbax-format T5X checkpoints restored per shard; the module's name puts it in the "t5" half.
 if importlib.util.find_spec("orbax") is not None:
     MODULES.append("tests/test_orbax_t5x_shards.py")

@@ -1,4 +1,6 @@
-"""GGUF (llama.cpp) checkpoints of the `llama` and `qwen2` architectures -> DecoderLM parameters.
+"""GGUF (llama.cpp) checkpoints -> the parameters of the model family registered for the file's
+`general.architecture` (`checkpoints.families`: its `gguf_config` and `gguf_tensor_map`); the LLaMA
+layout ('decoder' family: `llama`, `qwen2`) is translated here (`decoder_config`, `tensor_map`).
 
 GGUF stores each tensor with its dimensions in ggml order (innermost first); `gguf.GGUFReader`
 already reverses them, so a linear weight reads as the PyTorch-layout `[out, in]` matrix of the
@@ -24,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.checkpoints import validation
+from speculative.checkpoints import families, validation
 from speculative.gguf_io import metadata_value, open_gguf, reader_path
-from speculative.models.decoder import DecoderConfig, DecoderLM
+from speculative.models.decoder import DecoderConfig
 
+# The architectures of the LLaMA layout ('decoder' family); families.gguf_architectures() has all.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 # Quantisation types the loader accepts (all that the files of speculative/fetch.py use, plus the
@@ -36,17 +39,31 @@ _TYPE_NAMES = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K"
 SUPPORTED_TYPES = frozenset(gguf.GGMLQuantizationType[name] for name in _TYPE_NAMES.split())
 
 
+def family_of(reader: gguf.GGUFReader) -> families.Family:
+    """The family registered for the file's `general.architecture`; ValueError naming it and the
+    supported ones otherwise."""
+    arch = metadata_value(reader, "general.architecture", required=True)
+    family = families.of_gguf_architecture(arch)
+    if family is None:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; "
+            f"supported: {', '.join(families.gguf_architectures())}"
+        )
+    return family
+
+
 def config_from_metadata(
     reader: gguf.GGUFReader, tensors: dict[str, gguf.ReaderTensor], dtype=jnp.float32
-) -> DecoderConfig:
-    """DecoderConfig from the `{arch}.*` hyper-parameters and the tensors present.
+) -> Any:
+    """The config (DecoderConfig for llama / qwen2) from the `{arch}.*` hyper-parameters and the
+    tensors present, by the architecture's family.
 
     Raises ValueError naming the file for an unsupported architecture or variant, or a missing or
     malformed hyper-parameter (e.g. a layer count larger than the file's layers).
     """
     source = reader_path(reader)
     try:
-        return _config_from_metadata(reader, tensors, dtype)
+        return family_of(reader).gguf_config(reader, tensors, dtype)
     except ValueError as e:
         message = str(e)
         raise ValueError(message if message.startswith(source) else f"{source}: {message}") from e
@@ -68,15 +85,11 @@ def _layer_count(tensors: dict[str, gguf.ReaderTensor]) -> int:
     return max(blocks) + 1 if blocks else 0
 
 
-def _config_from_metadata(
+def decoder_config(
     reader: gguf.GGUFReader, tensors: dict[str, gguf.ReaderTensor], dtype: Any
 ) -> DecoderConfig:
+    """The 'decoder' family's translation: a DecoderConfig of a llama / qwen2 file."""
     arch = metadata_value(reader, "general.architecture", required=True)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"unsupported GGUF architecture {arch!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
 
     def get(key, default=None):
         return metadata_value(reader, f"{arch}.{key}", default, required=default is None)
@@ -202,12 +215,13 @@ def dequantize(tensor: gguf.ReaderTensor, source: str = "GGUF file") -> np.ndarr
         ) from e
 
 
-def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig, dict]:
-    """Reads a llama / qwen2 GGUF file.
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[Any, dict]:
+    """Reads a GGUF file of an architecture some family reads (llama, qwen2: the 'decoder' one).
 
     Returns:
-      (config, params): a DecoderConfig from the file's metadata (config.dtype = dtype) and the
-      DecoderLM parameter tree (nested dicts of jax arrays of `dtype`).
+      (config, params): the family's config from the file's metadata (DecoderConfig for llama /
+      qwen2; config.dtype = dtype) and its parameter tree (nested dicts of jax arrays of `dtype`);
+      `families.build(config)` gives the model.
     Raises:
       ValueError: the file is missing, truncated or corrupt; the architecture, a tensor type or a
         RoPE variant is unsupported; a tensor is missing, unexpected, mis-shaped or not finite.
@@ -216,17 +230,16 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig
     reader = open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
     config = config_from_metadata(reader, tensors, dtype)
+    arch = metadata_value(reader, "general.architecture")
     mapping = {
         validation.SEP.join(p): v
-        for p, v in tensor_map(config, metadata_value(reader, "general.architecture")).items()
+        for p, v in family_of(reader).gguf_tensor_map(config, arch).items()
     }
     expected = validation.expected_shapes(
-        jax.eval_shape(DecoderLM(config).init_params, jax.random.PRNGKey(0))
+        jax.eval_shape(families.build(config).init_params, jax.random.PRNGKey(0))
     )
-    if set(mapping) != set(expected):  # a bug in tensor_map, not in the file
-        raise AssertionError(
-            f"tensor map and DecoderLM tree differ: {set(mapping) ^ set(expected)}"
-        )
+    if set(mapping) != set(expected):  # a bug in the family's tensor map, not in the file
+        raise AssertionError(f"tensor map and model tree differ: {set(mapping) ^ set(expected)}")
     missing = sorted(name for name, _ in mapping.values() if name not in tensors)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -234,8 +247,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig
     unused = sorted(set(tensors) - {name for name, _ in mapping.values()})
     if unused:
         raise ValueError(
-            f"{source}: unexpected GGUF tensor {unused[0]!r} for a "
-            f"{metadata_value(reader, 'general.architecture')} model with this config"
+            f"{source}: unexpected GGUF tensor {unused[0]!r} for a {arch} model with this config"
         )
 
     flat = {}
@@ -257,3 +269,6 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[DecoderConfig
         flat[path_str] = validation.cast(value, dtype, path_str, source)
         del value
     return config, validation.unflatten(flat)
+
+
+read_gguf = families.config_reader(load_gguf)  # format 'gguf' (`families.reader`)

@@ -35,7 +35,7 @@ import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors as
 import numpy as np
 import safetensors
 
-from speculative.checkpoints import families, hf_config, hf_t5, validation
+from speculative.checkpoints import families, gguf, hf_config, hf_t5, validation
 from speculative.models import rope
 from speculative.models.decoder import DecoderConfig, DecoderLM
 
@@ -282,6 +282,8 @@ def load_hf_decoder(path: str | os.PathLike, dtype: Any = jnp.float32) -> tuple[
     return config, validation.unflatten(flat)
 
 
+read_hf = families.config_reader(load_hf_decoder)  # format 'hf', every family it reads
+
 FAMILY = families.register(
     families.Family(
         name="decoder",
@@ -291,5 +293,9 @@ FAMILY = families.register(
         hf_config=hf_config.translate,
         hf_tensor_map=tensor_map,
         features=frozenset({"layer_skip", "shortlist", "feature_head"}),
+        gguf_architectures=gguf.SUPPORTED_ARCHITECTURES,
+        gguf_config=gguf.decoder_config,
+        gguf_tensor_map=gguf.tensor_map,
+        readers=(("gguf", gguf.read_gguf), ("hf", read_hf)),
     )
 )

@@ -167,5 +167,6 @@ FAMILY = families.register(
         hf_model_types=MODEL_TYPES,
         hf_config=gemma_config,
         hf_tensor_map=tensor_map,
+        readers=(("hf", hf_decoder.read_hf),),
     )
 )

@@ -38,7 +38,7 @@ import ml_dtypes  # noqa: F401 (registers the bfloat16 dtype that safetensors as
 import numpy as np
 import safetensors
 
-from speculative.checkpoints import families, validation
+from speculative.checkpoints import families, t5x, validation
 from speculative.models import t5
 
 # Element sizes of the safetensors dtypes, for naming the tensor in a header the library refuses.
@@ -420,7 +420,15 @@ def load_hf_t5(path: str, dtype: Any = jnp.float32) -> tuple[t5.T5Config, dict[s
     return config, params
 
 
-# T5 is read by its own loader (format 'hf_t5', `load_hf_t5`), not through the decoder-only one.
+# T5 is read by its own loaders (format 'hf_t5', `load_hf_t5`; 't5x', whose checkpoints leave the
+# architecture to ModelSpec.model), not through the decoder-only one.
 FAMILY = families.register(
-    families.Family(name="t5", model=t5.T5, config=t5.T5Config, hf_model_types=("t5", "mt5"))
+    families.Family(
+        name="t5",
+        model=t5.T5,
+        config=t5.T5Config,
+        hf_model_types=("t5", "mt5"),
+        readers=(("hf_t5", families.config_reader(load_hf_t5)), ("t5x", t5x.read_t5x)),
+        model_formats=("t5x",),
+    )
 )

@@ -305,3 +305,9 @@ def load_t5x(
         shapes = validation.expected_shapes(expected)
         flat = read_t5x_params(path, shapes, allow_missing_chunks)
     return validation.to_params(flat, expected, dtype, f"T5X checkpoint {path}")
+
+
+def read_t5x(path: str, dtype: Any, model: t5.T5) -> tuple[t5.T5, dict[str, Any]]:
+    """format 't5x''s reader (`families.reader`): (model, its params from `path`); the checkpoint
+    does not say the architecture, so `model` (ModelSpec.model) gives it."""
+    return model, load_t5x(path, model.config, dtype)
