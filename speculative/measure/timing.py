@@ -47,16 +47,25 @@ def time_call(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, float, An
 
 
 def step_time(
-    step: Callable[[Any, Any], Any], operands: Any, carry: Any, steps: int, repeats: int = 3
+    step: Callable[[Any, Any], Any],
+    operands: Any,
+    carry: Any,
+    steps: int,
+    repeats: int = 3,
+    compiler_options: dict | None = None,
 ) -> float:
     """Median seconds per iteration of `carry = step(operands, carry)` run `steps` times in one jit.
 
     Running the steps in a `lax.fori_loop` keeps dispatch overhead out of the per-step time.
     `operands` (e.g. the params) are jit arguments, never closed over: closed-over arrays would be
     baked into the program as constants (gigabytes for a real model).
+    compiler_options: XLA options of the timed program; None: the decode loops' own
+    (`precision.COMPILER_OPTIONS`), so a step is timed as it runs.
     """
+    if compiler_options is None:
+        compiler_options = precision.COMPILER_OPTIONS
 
-    @functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)  # as the loops
+    @functools.partial(jax.jit, compiler_options=compiler_options)
     def many(operands, carry):
         return jax.lax.fori_loop(0, steps, lambda _, c: step(operands, c), carry)
 
@@ -72,6 +81,7 @@ def decode_step_time(
     repeats: int = 3,
     length: int = 1,
     ancestors: Any = None,
+    compiler_options: dict | None = None,
 ) -> float:
     """Median seconds of one `extend` by `length` tokens, cache filled. length 1 is a plain decode
     step; length gamma+1 is a speculative verify call.
@@ -80,7 +90,7 @@ def decode_step_time(
     reads the encoder tokens of `batch`, and its decoder starts from its start token, [B, 1].
     Rewinds the index by `length` each step so the cache fill, and hence the cost, stays constant.
     ancestors: a token tree's [N + 1, N + 1] ancestor matrix (`TreeShape.ancestors`): the tree
-    verify call of that tree instead (length is then its size).
+    verify call of that tree instead (length is then its size). compiler_options: as `step_time`.
     """
     if ancestors is not None:
         length = ancestors.shape[0]
@@ -102,7 +112,7 @@ def decode_step_time(
         logits, state = model.extend(params, state, tokens, ancestors)
         return state, jnp.argmax(logits, -1).astype(jnp.int32)
 
-    return step_time(step, params, (state, tokens), steps=8, repeats=repeats)
+    return step_time(step, params, (state, tokens), 8, repeats, compiler_options)
 
 
 def draft_propose_time(
