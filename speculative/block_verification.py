@@ -25,7 +25,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from speculative.sampling import SamplingConfig, categorical, process_logits, verify_greedy
+from speculative.sampling import (
+    SamplingConfig,
+    categorical,
+    process_logits,
+    rejection_residual,
+    renormalised,
+    verify_greedy,
+)
 
 
 def prefix_weights(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
@@ -84,9 +91,9 @@ def verify_block(
     p_x = jnp.take_along_axis(p[:, :gamma], tokens, axis=-1)[..., 0]
     q_x = jnp.take_along_axis(q, tokens, axis=-1)[..., 0]
     weights = prefix_weights(p_x, q_x)  # [B, G+1]
-    residual = jnp.maximum(weights[:, :gamma, None] * p[:, :gamma] - q, 0.0)  # r_0..r_{G-1}
-    mass = jnp.sum(residual, axis=-1)  # [B, G]
-    h = stop_probabilities(weights, mass, lengths)
+    # r_0..r_{G-1} [B, G, V] and R_0..R_{G-1} [B, G, 1]
+    residual, mass = rejection_residual(weights[:, :gamma, None] * p[:, :gamma], q)
+    h = stop_probabilities(weights, mass[..., 0], lengths)
 
     stop_rng, next_rng = jax.random.split(rng)
     kept = jax.random.uniform(stop_rng, (batch, gamma), dtype=jnp.float32) < h
@@ -94,9 +101,9 @@ def verify_block(
 
     rows = jnp.arange(batch)
     at = jnp.minimum(num_accepted, gamma - 1)
-    r, r_mass = residual[rows, at], mass[rows, at][:, None]
     p_next = p[rows, num_accepted]
-    from_residual = (num_accepted < lengths)[:, None] & (r_mass > 0)
-    next_dist = jnp.where(from_residual, r / jnp.where(r_mass > 0, r_mass, 1.0), p_next)
+    from_residual = renormalised(residual[rows, at], mass[rows, at], p_next)
+    # A row that kept all its proposals draws from p at the next position, not from a residual.
+    next_dist = jnp.where((num_accepted < lengths)[:, None], from_residual, p_next)
     next_token = categorical(next_rng, jnp.log(next_dist))
     return num_accepted.astype(jnp.int32), next_token, beta

@@ -330,6 +330,18 @@ def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.
     return categorical(rng, log_probs), log_probs
 
 
+def rejection_residual(p: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """What a rejected draw from q leaves of p, both [..., V]: (max(0, p - q) [..., V], its mass
+    [..., 1]). Every acceptance rule's next token after a rejection comes from it (`renormalised`)."""
+    residual = jnp.maximum(p - q, 0.0)
+    return residual, jnp.sum(residual, axis=-1, keepdims=True)
+
+
+def renormalised(residual: jax.Array, mass: jax.Array, fallback: jax.Array) -> jax.Array:
+    """residual [..., V] / mass [..., 1]; `fallback` [..., V] where the mass is 0 (never rejected)."""
+    return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), fallback)
+
+
 def verify_greedy(
     target_logits: jax.Array,
     draft_logits: jax.Array,
@@ -384,8 +396,7 @@ def verify_detailed(
     """
     if cfg.greedy:
         return verify_greedy(target_logits, draft_logits, draft_tokens, draft_lengths)
-    gamma = draft_tokens.shape[1]
-    batch = draft_tokens.shape[0]
+    batch, gamma = draft_tokens.shape
     p = jnp.exp(process_logits(target_logits, cfg))  # [B, G+1, V]
     q = jnp.exp(process_logits(draft_logits, cfg))  # [B, G, V]
     if lenience != 1.0:  # a static branch: the exact rule's arithmetic stays bit for bit
@@ -415,10 +426,7 @@ def verify_detailed(
         q_next = jnp.where((num_accepted < proposed)[:, None], q_next, 0.0)
     else:
         q_next = jnp.zeros_like(p_next)
-    residual = jnp.maximum(p_next - q_next, 0.0)
-    mass = jnp.sum(residual, axis=-1, keepdims=True)
-    # mass == 0 only when p == q at that position, where rejection had probability 0: fall back to p.
-    next_dist = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
+    next_dist = renormalised(*rejection_residual(p_next, q_next), p_next)
     next_token = categorical(resample_rng, jnp.log(next_dist))
     return num_accepted.astype(jnp.int32), next_token, beta
 

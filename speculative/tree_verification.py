@@ -23,7 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.sampling import SamplingConfig, categorical, greedy_tokens, process_logits
+from speculative.sampling import (
+    SamplingConfig,
+    categorical,
+    greedy_tokens,
+    process_logits,
+    rejection_residual,
+    renormalised,
+)
 
 
 def verify_tree(
@@ -99,9 +106,7 @@ def verify_tree(
 
 def residual_after_rejection(p: jax.Array, q: jax.Array) -> jax.Array:
     """[B, V] norm(max(0, p - q)); p itself where that is empty (p == q: never rejected)."""
-    residual = jnp.maximum(p - q, 0.0)
-    mass = jnp.sum(residual, axis=-1, keepdims=True)
-    return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p)
+    return renormalised(*rejection_residual(p, q), p)
 
 
 def _verify_tree_greedy(target_logits, node_tokens, children, depth):

@@ -30,6 +30,8 @@ import numpy as np
 
 Params = Any
 Batch = dict[str, jax.Array]
+# `extend`'s tree: a static [L, L] bool ancestor matrix (module docstring); None, a causal block.
+Ancestors = np.ndarray | None
 
 
 @flax.struct.dataclass
@@ -104,11 +106,7 @@ class LanguageModel(Protocol):
     def init_state(self, params: Params, batch: Batch, max_len: int) -> DecodeState: ...
 
     def extend(
-        self,
-        params: Params,
-        state: DecodeState,
-        tokens: jax.Array,
-        ancestors: np.ndarray | None = None,
+        self, params: Params, state: DecodeState, tokens: jax.Array, ancestors: Ancestors = None
     ) -> tuple[jax.Array, DecodeState]: ...
 
 
@@ -155,11 +153,7 @@ class ConfiguredModel(Configured):
         return prompt + max_decode_len + max(block, CACHE_SLACK)
 
     def extend(
-        self,
-        params: Params,
-        state: DecodeState,
-        tokens: jax.Array,
-        ancestors: np.ndarray | None = None,
+        self, params: Params, state: DecodeState, tokens: jax.Array, ancestors: Ancestors = None
     ) -> tuple[jax.Array, DecodeState]:
         """Appends tokens [B, L] at each row's index; returns logits [B, L, V] float32.
 
@@ -171,11 +165,7 @@ class ConfiguredModel(Configured):
         return logits, state.replace(cache=cache, index=state.index + tokens.shape[1])
 
     def extend_features(
-        self,
-        params: Params,
-        state: DecodeState,
-        tokens: jax.Array,
-        ancestors: np.ndarray | None = None,
+        self, params: Params, state: DecodeState, tokens: jax.Array, ancestors: Ancestors = None
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         """`extend`, also returning the hidden state the output head reads: (logits [B, L, V],
         features [B, L, E] float32, state). For drafts that read the target's features (a
@@ -196,16 +186,14 @@ class ConfiguredModel(Configured):
         state: DecodeState,
         tokens: jax.Array,
         positions: jax.Array,
-        ancestors: np.ndarray | None = None,
+        ancestors: Ancestors = None,
     ) -> tuple[jax.Array, Any]:
         """One decoder pass: tokens and absolute positions [B, L] -> (logits [B, L, V], cache);
         attention through `cache_mask(positions, state.index, S, ancestors)`."""
         raise NotImplementedError
 
 
-def block_positions(
-    state: DecodeState, length: int, ancestors: np.ndarray | None = None
-) -> jax.Array:
+def block_positions(state: DecodeState, length: int, ancestors: Ancestors = None) -> jax.Array:
     """[B, L] positions of a block of `length` entries appended at each row's index (a tree's at
     index + depth); ValueError when the block is longer than the cache."""
     if length > state.max_len:
@@ -291,9 +279,7 @@ def write_rows(buffer: jax.Array, update: jax.Array, index: jax.Array) -> jax.Ar
     return jax.vmap(one_row)(buffer, update, index)
 
 
-def query_positions(
-    index: jax.Array, length: int, ancestors: np.ndarray | None = None
-) -> jax.Array:
+def query_positions(index: jax.Array, length: int, ancestors: Ancestors = None) -> jax.Array:
     """Absolute positions [B, L] of L tokens appended at per-row offsets index [B]: consecutive,
     or index + depth for a tree (depth = number of ancestors, the token itself excluded)."""
     if ancestors is None:
@@ -310,7 +296,7 @@ def causal_cache_mask(positions: jax.Array, cache_len: int) -> jax.Array:
 
 
 def cache_mask(
-    positions: jax.Array, index: jax.Array, cache_len: int, ancestors: np.ndarray | None = None
+    positions: jax.Array, index: jax.Array, cache_len: int, ancestors: Ancestors = None
 ) -> jax.Array:
     """Boolean mask [B, 1, L, S] of the L tokens written at index [B]: causal by position, or for
     a tree, the slots before index plus the token's own ancestors' slots (index + j, A[i, j])."""

@@ -40,7 +40,10 @@ from speculative.models.base import DecodeState
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderOnlyConfig:
+    """The fields every decoder-only family's config starts with, in this order: configs are built
+    positionally too (`DecoderConfig(vocab, emb, layers, heads, kv_heads, head_dim, mlp)`)."""
+
     vocab_size: int
     emb_dim: int
     num_layers: int
@@ -52,6 +55,10 @@ class DecoderConfig:
     # () plain RoPE, else sorted (key, value) pairs of a scaled variant (models.rope: linear,
     # llama3, yarn), as a Hugging Face config names it.
     rope_scaling: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig(DecoderOnlyConfig):
     norm_eps: float = 1e-6
     qkv_bias: bool = False
     tie_word_embeddings: bool = False

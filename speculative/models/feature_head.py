@@ -23,7 +23,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative.models import base
 from speculative.models.base import DecodeState
@@ -133,7 +132,7 @@ class FeatureHead(base.Configured):
         state: DecodeState,
         features: jax.Array,
         embeddings: jax.Array,
-        ancestors: np.ndarray | None = None,
+        ancestors: base.Ancestors = None,
     ) -> tuple[jax.Array, DecodeState]:
         """Appends L entries at each row's index: features, embeddings [B, L, E] -> (predicted
         features [B, L, E], state with index + L). A tree of entries with `ancestors`, as

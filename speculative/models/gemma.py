@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from speculative.models import base
 from speculative.models.decoder import (
     DecoderOnly,
+    DecoderOnlyConfig,
     LogitsDense,
     Projection,
     apply_rope,
@@ -43,17 +44,9 @@ from speculative.models.decoder import (
 
 
 @dataclasses.dataclass(frozen=True)
-class GemmaConfig:
-    vocab_size: int
-    emb_dim: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    mlp_dim: int
-    # Full-attention (global) layers' RoPE; sliding-window (local) layers use local_rope_*.
-    rope_theta: float = 10000.0
-    rope_scaling: tuple[tuple[str, Any], ...] = ()
+class GemmaConfig(DecoderOnlyConfig):
+    # rope_theta / rope_scaling: the full-attention (global) layers' RoPE; sliding-window (local)
+    # layers use local_rope_*.
     local_rope_theta: float = 10000.0
     local_rope_scaling: tuple[tuple[str, Any], ...] = ()
     norm_eps: float = 1e-6

@@ -16,9 +16,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from speculative.models.base import DecodeState, LanguageModel, Params
+from speculative.models.base import Ancestors, DecodeState, LanguageModel, Params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,21 +44,13 @@ class PaddingMasked:
         return self.width
 
     def extend(
-        self,
-        params: Params,
-        state: DecodeState,
-        tokens: jax.Array,
-        ancestors: np.ndarray | None = None,
+        self, params: Params, state: DecodeState, tokens: jax.Array, ancestors: Ancestors = None
     ) -> tuple[jax.Array, DecodeState]:
         logits, state = self.model.extend(params, state, tokens, ancestors)
         return self.mask(logits), state
 
     def extend_features(
-        self,
-        params: Params,
-        state: DecodeState,
-        tokens: jax.Array,
-        ancestors: np.ndarray | None = None,
+        self, params: Params, state: DecodeState, tokens: jax.Array, ancestors: Ancestors = None
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         logits, features, state = self.model.extend_features(params, state, tokens, ancestors)
         return self.mask(logits), features, state
