@@ -17,6 +17,11 @@ with `prompt_lookup_num_tokens` from --hf_prompt_lookup_tokens, each in every dt
 best"). Ours runs in --dtype ('auto': bfloat16 where the machine has bfloat16 matrix units), so
 "ours plain" is our fastest plain decoding. Greedy identity is checked against each side's own
 plain output of the same dtype (bfloat16 and float32 outputs may differ from each other).
+With --cross_draft NAME (e.g. smollm2-135m) a draft of another tokenizer runs on both sides too:
+ours through the token-level intersection, fed the prompt text in its own tokens, at each
+--cross_gammas; Hugging Face's universal assisted generation (`assistant_model`, `tokenizer`,
+`assistant_tokenizer`) with each assistant schedule (scripts/compare_hf_cross.py); each cell then
+also reports the best of each side's cross-vocabulary programs.
 Writes compare_hf.json and compare_hf.md under --out.
 """
 
@@ -31,9 +36,11 @@ import statistics
 import time
 from typing import Any
 
+import compare_hf_cross  # scripts/compare_hf_cross.py (the script's directory is on sys.path)
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hf_generate import HuggingFace  # scripts/hf_generate.py
 
 from speculative import checkpoints, decoding, fetch, inputs, vocab
 from speculative.drafts import shortlist, staged
@@ -84,14 +91,22 @@ class Ours:
         config = decoding.DecodeConfig(
             self.args.max_new_tokens, vocab.stop_ids(self.vocab), sampling, gamma, tree=tree
         )
-        gamma = config.gamma
-        batch, rng = self.batch(ids), jax.random.PRNGKey(seed)
+
+        def draft():
+            if config.gamma is None:
+                return None, None
+            model, params = self.drafts[short]
+            return (staged.StagedDrafter(model, staged_k), params) if staged_k else (model, params)
+
+        return self.timed(name, config, self.batch(ids), seed, draft)
+
+    def timed(self, name, config, batch, seed, draft):
+        """(tokens, seconds, stats) of one timed decode of `batch` (one row); the program is
+        compiled and warmed up once per (name, config), untimed. draft: () -> (drafter, params)."""
+        rng = jax.random.PRNGKey(seed)
         key = (name, config)
         if key not in self.compiled:  # compile once per program, warm up once, both untimed
-            draft = self.drafts[short] if gamma is not None else (None, None)
-            if staged_k:
-                draft = (staged.StagedDrafter(draft[0], staged_k), draft[1])
-            program = runner.Decoder(self.target, self.t_params, config, *draft)
+            program = runner.Decoder(self.target, self.t_params, config, *draft())
             self.compiled[key], seconds = program.compile(batch, rng)
             self.compile_s[name] = self.compile_s.get(name, 0.0) + seconds
             timing.block(self.compiled[key](batch, rng))
@@ -101,85 +116,10 @@ class Ours:
         n = int(out.lengths[0])
         tokens = [int(t) for t in np.asarray(out.tokens[0, :n])]
         stats = {"target_calls": int(out.stats.target_calls[0])}
-        if gamma is not None:
+        if config.gamma is not None:
             stats["alpha"] = float(out.stats.alpha[0])
             stats["verified"] = int(out.stats.verified[0])
         return tokens, seconds, stats
-
-
-class HuggingFace:
-    """transformers' generate on the same GGUF files (dequantised by transformers, in `dtype`)."""
-
-    def __init__(self, target_path, draft_path, args, dtype: str = "float32"):
-        import torch
-        import transformers
-
-        torch.set_num_threads(os.cpu_count() or 1)
-        self.torch = torch
-        start = time.perf_counter()
-
-        def load(path):
-            return transformers.AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
-            ).eval()
-
-        self.target, self.draft = load(target_path), load(draft_path)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-            target_path.parent, gguf_file=target_path.name
-        )
-        self.load_s = time.perf_counter() - start
-        self.calls = 0
-        self.target.register_forward_hook(lambda *_: self._count())
-        self.args = args
-        self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-
-    def _count(self):
-        self.calls += 1
-
-    def run(self, assistant_tokens, ids, sampling: SamplingConfig, stop_ids, seed, warm):
-        """assistant_tokens: None (plain), "default", an int (constant schedule) or ("lookup", n)
-        (prompt-lookup decoding proposing n tokens, no assistant model)."""
-        torch = self.torch
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=self.args.max_new_tokens,
-            eos_token_id=list(stop_ids),
-            pad_token_id=stop_ids[0],
-        )
-        if sampling.greedy:
-            kwargs.update(do_sample=False)
-        else:  # HF's default top_k is 50: turn it off so both sides sample the same distribution
-            kwargs.update(
-                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0
-            )
-            kwargs.update(top_p=sampling.top_p)
-        if isinstance(assistant_tokens, tuple):  # ("lookup", n)
-            kwargs["prompt_lookup_num_tokens"] = int(assistant_tokens[1])
-        elif assistant_tokens is not None:
-            kwargs["assistant_model"] = self.draft
-            if assistant_tokens != "default":
-                self.draft.generation_config.num_assistant_tokens = int(assistant_tokens)
-                self.draft.generation_config.num_assistant_tokens_schedule = "constant"
-            else:  # transformers' defaults: start at 20, adapt by the heuristic schedule
-                self.draft.generation_config.num_assistant_tokens = 20
-                self.draft.generation_config.num_assistant_tokens_schedule = "heuristic"
-        prompt = torch.tensor([ids])
-        if not warm:  # one untimed call: torch allocates and tunes on first use
-            with torch.no_grad():
-                torch.manual_seed(seed)
-                self.target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
-        self.calls = 0
-        with torch.no_grad():
-            torch.manual_seed(seed)
-            start = time.perf_counter()
-            out = self.target.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
-            seconds = time.perf_counter() - start
-        tokens = out[0, len(ids) :].tolist()
-        # generate pads finished sequences; cut after the first stop id as our decoder does
-        for i, t in enumerate(tokens):
-            if t in stop_ids:
-                tokens = tokens[: i + 1]
-                break
-        return tokens, seconds, {"target_calls": self.calls}
 
 
 def run(args) -> dict[str, Any]:
@@ -190,7 +130,7 @@ def run(args) -> dict[str, Any]:
     hfs = {d: HuggingFace(target_path, draft_path, args, d) for d in args.hf_dtypes}
     hf = next(iter(hfs.values()))
     ours_vocab = vocab.from_gguf(target_path)
-    prompts = []
+    prompts, texts = [], [problems[i]["prompt"] for i in chosen]
     for i in chosen:
         ids = ours_vocab.encode(problems[i]["prompt"])
         hf_ids = hf.tokenizer(problems[i]["prompt"], add_special_tokens=False)["input_ids"]
@@ -200,6 +140,10 @@ def run(args) -> dict[str, Any]:
     width = inputs.bucket(max(len(p) for p in prompts), 4096)
     ours = Ours(target_path, draft_path, width, args, prompts)
     stop_ids = vocab.stop_ids(ours.vocab)
+    cross = None
+    if args.cross_draft:
+        cross = compare_hf_cross.Cross(args.cross_draft, ours, hfs, texts, prompts)
+        print(f"loaded the cross-vocabulary draft {cross.load_s:.0f}s: {cross.tables}", flush=True)
     print(
         f"loaded: ours ({ours.dtype}) {ours.load_s:.0f}s, transformers "
         f"{', '.join(f'{d} {h.load_s:.0f}s' for d, h in hfs.items())} (apart); "
@@ -241,6 +185,8 @@ def run(args) -> dict[str, Any]:
         modes = [None, "default", *args.hf_assistant_tokens]
         modes += [("lookup", n) for n in args.hf_prompt_lookup_tokens]
         programs += [(_hf_name(d, mode), side, mode) for mode in modes]
+    if cross is not None:
+        programs += cross.programs(args.cross_gammas, args.hf_assistant_tokens)
     cells = []
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature=temperature)
@@ -251,7 +197,12 @@ def run(args) -> dict[str, Any]:
         warm: set[str] = set()
         for j, ids in enumerate(prompts):
             for name, side, arg in programs:
-                if side == "ours":
+                if isinstance(arg, compare_hf_cross.CrossProgram):
+                    tokens, seconds, stats = cross.run(
+                        name, side, arg, ids, sampling, stop_ids, args.seed + j, name in warm
+                    )
+                    warm.add(name)
+                elif side == "ours":
                     tokens, seconds, stats = ours.run(name, arg, ids, sampling, args.seed + j)
                 else:
                     # one untimed call before each program's first timed one (torch has no
@@ -272,6 +223,8 @@ def run(args) -> dict[str, Any]:
                 flush=True,
             )
         cells.append(_summarize(temperature, programs, rows, args.hf_dtypes))
+        if cross is not None:
+            cells[-1]["cross"] = compare_hf_cross.summary(cells[-1], cross.tables)
         print(_markdown(cells[-1]), flush=True)
     return dict(
         prompts=[f"HumanEval/{i}" for i in chosen],
@@ -335,9 +288,11 @@ def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
         entry["speedup_over_own_plain"] = entry["tok_s"] / table[own_plain[entry["side"]]]["tok_s"]
         entry["speedup_over_hf_plain"] = entry["tok_s"] / table[fastest_hf_plain]["tok_s"]
     # HF best: its assisted generation (default and fixed lengths) and its prompt lookup, any dtype
-    hf_assisted = {n: e for n, e in table.items() if e["side"] != "ours" and n not in hf_plains}
+    # the headline pair is the same-tokenizer one; --cross_draft programs have their own summary
+    same = {n: e for n, e in table.items() if not compare_hf_cross.is_cross(n)}
+    hf_assisted = {n: e for n, e in same.items() if e["side"] != "ours" and n not in hf_plains}
     best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
-    ours_spec = {n: e for n, e in table.items() if e["side"] == "ours" and n != "ours plain"}
+    ours_spec = {n: e for n, e in same.items() if e["side"] == "ours" and n != "ours plain"}
     best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
     identical = None
     if temperature == 0.0:  # against the side's own plain output of the same dtype
@@ -366,6 +321,8 @@ def _markdown(cell: dict[str, Any]) -> str:
         "call | alpha | greedy identical to own plain |",
         "|---|---|---|---|---|---|---|",
     ]
+    if "cross" in cell:
+        lines.insert(1, compare_hf_cross.markdown(cell["cross"]))
     same = cell.get("greedy_identical_to_own_plain") or {}
     for name, e in cell["programs"].items():
         alpha = "" if e["alpha"] is None else f"{e['alpha']:.3f}"
@@ -423,6 +380,16 @@ def main() -> None:
         default=["float32", "bfloat16"],
         choices=["float32", "bfloat16"],
         help="torch dtypes Hugging Face's programs run in (each program in each)",
+    )
+    parser.add_argument(
+        "--cross_draft",
+        default=None,
+        help="a draft of another tokenizer (registry name, e.g. smollm2-135m, or .gguf): ours "
+        "through the token-level intersection, HF's universal assisted generation "
+        "(scripts/compare_hf_cross.py)",
+    )
+    parser.add_argument(
+        "--cross_gammas", type=int, nargs="+", default=[4, 6], help="ours, with --cross_draft"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/compare_hf")

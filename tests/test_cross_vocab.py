@@ -16,7 +16,7 @@ import pytest
 import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from speculative import decoding
+from speculative import decoding, inputs
 from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
@@ -268,6 +268,41 @@ def test_the_target_in_other_ids_is_accepted_every_time(trained_pair, greedy_cas
     np.testing.assert_array_equal(out.stats.accepted, out.stats.drafted)
     share = np.asarray(out.stats.outside_mass) / np.asarray(out.stats.drafted)
     assert np.all((share > 0) & (share < 0.1))  # the two zero-logit draft-only tokens
+
+
+TEXTS = [
+    "def add(a, b):\n    return",
+    "The cat sat on the mat,",
+    "for i in range(10): café",
+    "日本",
+]
+
+
+def test_the_draft_reads_the_prompt_text_in_its_own_tokens(trained_pair):
+    """With the texts (`with_draft_prompts`) the draft is prefilled with its tokenizer's encoding
+    of each prompt, not the target ids spelled one by one (which differ here), and greedy output
+    is still the target's."""
+    target_vocab, target, (drafter, params), tables = trained_pair
+    draft_vocab = _trained(DRAFT_TEXT, 280, "</s>")  # the fixture's, rebuilt (deterministic)
+    ids = [target_vocab.encode(t) for t in TEXTS]
+    batch = cross_vocab.with_draft_prompts(inputs.decoder_batch(ids), draft_vocab, TEXTS, 32)
+    own = [draft_vocab.encode(t) for t in TEXTS]
+    np.testing.assert_array_equal(batch["draft_prompt_lengths"], [len(o) for o in own])
+    for row, o in enumerate(own):
+        np.testing.assert_array_equal(batch["draft_prompt"][row, : len(o)], o)
+    spelled = [
+        sum((tables.spelling[i, : tables.spelling_lengths[i]].tolist() for i in r), []) for r in ids
+    ]
+    assert any(s != o for s, o in zip(spelled, own))  # the old path would feed other tokens
+    config = decoding.DecodeConfig(V_MAX_LEN, (target_vocab.eos_id,), SamplingConfig(), 3)
+    state = drafter.init(params, batch, config)
+    np.testing.assert_array_equal(state.base, [len(o) for o in own])  # x_1 after the prompt
+    np.testing.assert_array_equal(state.tail, [o[-1] for o in own])
+    kwargs = dict(max_decode_len=V_MAX_LEN, eos_id=target_vocab.eos_id)
+    ref = decoding.autoregressive_decode(*target, batch, **kwargs)
+    out = decoding.speculative_decode(*target, drafter, params, batch, gamma=3, **kwargs)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
 
 
 # The sampled checks: SMALL_TARGET ids, 3 tokens after PROMPT, target EOS 0.

@@ -18,18 +18,21 @@ in draft tokens (spelling [Vt, K], spelling_lengths [Vt]). Each round, per row:
 
 q over target ids is a distribution that is zero outside the intersection's image, so the
 paper's rule (and the block and tree rules) verifies it unchanged: the output follows the target exactly,
-whatever the tables. The draft's own prompt is the target prompt spelled through the same table,
-inside the compiled loop (a row whose prompt spells to nothing starts from the draft's EOS).
+whatever the tables. The draft's own prompt is the prompt text in its own tokens where the batch
+carries it (`with_draft_prompts`: draft_prompt, draft_prompt_lengths), else the target prompt
+spelled through the same table, inside the compiled loop (a row whose prompt spells to nothing
+starts from the draft's EOS).
 Chains and trees of first children (tree widths, as the model draft grows them: only first
 children are fed, so a tree's accepted path is in the draft's cache up to its last node, the
 next anchor); decoder-only pairs. The draft model's probability outside the intersection
 (softmax of its raw logits) is reported per proposal (`outside_mass`).
 
 Cache: a target token costs the draft up to K slots, so the draft's cache holds
-K * (prompt width + max_decode_len + gamma + 2) + gamma slots, capped at the draft model's
-context; a capped draft is fed the last draft tokens of the prompt's spelling that fit, and a row
-whose text outgrows the cache stops feeding the draft (`stalled`): its proposals are still drawn
-from the q returned with them, so the output stays exact, with fewer acceptances (a warning).
+K * (prompt width + max_decode_len + gamma + 2) + gamma slots (the draft prompts' width in place
+of K * prompt width where the batch carries them), capped at the draft model's context; a capped
+draft is fed the last draft tokens of its prompt that fit, and a row whose text outgrows the
+cache stops feeding the draft (`stalled`): its proposals are still drawn from the q returned
+with them, so the output stays exact, with fewer acceptances (a warning).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -44,7 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.decoding.checks import validate_batch
+from speculative import inputs
+from speculative.decoding.checks import to_host, validate_batch
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
 from speculative.decoding.state import constrain, prefill
@@ -108,13 +113,59 @@ def spell_prompt(
     flat, valid = spelled.reshape(rows, -1), valid.reshape(rows, -1)
     order = jnp.argsort(~valid, axis=1, stable=True)  # the valid slots first, in order
     ids = jnp.take_along_axis(flat, order, axis=1)
-    length = jnp.sum(valid, axis=1).astype(jnp.int32)
-    start = jnp.maximum(length - window, 0)  # a spelling past the window keeps its end
+    return keep_end(ids, jnp.sum(valid, axis=1).astype(jnp.int32), eos, window)
+
+
+def keep_end(
+    ids: jax.Array, length: jax.Array, eos: int, window: int
+) -> tuple[jax.Array, jax.Array]:
+    """Left-aligned draft prompts [B, W'] of lengths [B] -> their last W = window tokens [B, W],
+    left aligned, and their lengths [B] (>= 1: an empty prompt becomes the draft's EOS)."""
+    if ids.shape[1] < window:
+        ids = jnp.pad(ids, ((0, 0), (0, window - ids.shape[1])))
+    start = jnp.maximum(length - window, 0)  # a prompt past the window keeps its end
     ids = jnp.take_along_axis(ids, start[:, None] + jnp.arange(window)[None, :], axis=1)
     length = jnp.minimum(length, window)
     ids = ids.at[:, 0].set(jnp.where(length == 0, eos, ids[:, 0]))
     length = jnp.maximum(length, 1)
     return jnp.where(jnp.arange(ids.shape[1])[None, :] < length[:, None], ids, 0), length
+
+
+DRAFT_PROMPT, DRAFT_LENGTHS = "draft_prompt", "draft_prompt_lengths"
+
+
+def with_draft_prompts(
+    batch: dict[str, jax.Array], vocabulary: Any, texts: Sequence[str], pad_to: int | None = None
+) -> dict[str, jax.Array]:
+    """The batch (target prompts [B, P], the encodings of `texts`) plus each row's text in the
+    draft's own tokens: draft_prompt [B, W] (W: the longest, or pad_to) and draft_prompt_lengths
+    [B]; an empty encoding is the draft's EOS. Only q changes: the output stays exact. The texts
+    must be what the target prompts spell (untruncated); where only ids are known, leave it out
+    and the draft is fed their spelling through the tables."""
+    if len(texts) != batch["prompt"].shape[0]:
+        raise ValueError(f"{len(texts)} texts for a batch of {batch['prompt'].shape[0]} rows")
+    own = inputs.decoder_batch(
+        [vocabulary.encode(t) or [vocabulary.eos_id] for t in texts], 0, pad_to
+    )
+    return {**batch, DRAFT_PROMPT: own["prompt"], DRAFT_LENGTHS: own["prompt_lengths"]}
+
+
+def _check_own_prompts(batch: dict[str, jax.Array]) -> None:
+    """Raises ValueError unless draft_prompt is [B, W] and draft_prompt_lengths [B] in 1..W."""
+    ids, lengths = batch[DRAFT_PROMPT], to_host(batch.get(DRAFT_LENGTHS, np.zeros(0)))
+    if (
+        ids.ndim != 2
+        or lengths.shape != (batch["prompt"].shape[0],)
+        or ids.shape[0] != len(lengths)
+    ):
+        raise ValueError(
+            f"draft_prompt must be [B, W] and draft_prompt_lengths [B] for the batch's B rows; "
+            f"got {ids.shape} and {lengths.shape}"
+        )
+    if np.any(lengths < 1) or np.any(lengths > ids.shape[1]):
+        raise ValueError(
+            f"draft_prompt_lengths must be in 1..{ids.shape[1]}; got {lengths.tolist()}"
+        )
 
 
 @functools.cache
@@ -160,6 +211,8 @@ class CrossVocabDrafter(StatelessDrafter):
     def validate(self, batch: dict[str, jax.Array], config: DecodeConfig) -> None:
         super().validate(batch, config)  # a tree: one of first children (tree widths)
         validate_batch(self.model, batch, config)  # decoder-only inputs, as the target's
+        if DRAFT_PROMPT in batch:
+            _check_own_prompts(batch)
         gamma, worst = config.gamma or 1, self._worst_case(batch, config)
         cache, window = self.cache_length(batch, config), self.prompt_window(batch, config)
         if cache - window < self.width + gamma + 2:
@@ -172,8 +225,14 @@ class CrossVocabDrafter(StatelessDrafter):
 
     def _worst_case(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
         gamma = config.gamma or 1
-        width = batch["prompt"].shape[1]
-        return self.width * (width + config.max_decode_len + gamma + 2) + gamma
+        return self._prompt_tokens(batch) + self.width * (config.max_decode_len + gamma + 2) + gamma
+
+    def _prompt_tokens(self, batch: dict[str, jax.Array]) -> int:
+        """The most draft tokens a row's prompt has: the width of the draft's own prompts
+        (`with_draft_prompts`), else K per target prompt token."""
+        if DRAFT_PROMPT in batch:
+            return int(batch[DRAFT_PROMPT].shape[1])
+        return self.width * int(batch["prompt"].shape[1])
 
     def cache_length(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
         """Draft cache slots for this decode: the worst case (module doc), capped at the draft
@@ -186,8 +245,7 @@ class CrossVocabDrafter(StatelessDrafter):
         unless the cache is capped, then what the worst-case generation leaves, at least half."""
         cache, gamma = self.cache_length(batch, config), config.gamma or 1
         reserve = self.width * (config.max_decode_len + gamma + 2) + gamma
-        spelled = batch["prompt"].shape[1] * self.width
-        return max(1, min(spelled, max(cache - reserve, cache // 2)))
+        return max(1, min(self._prompt_tokens(batch), max(cache - reserve, cache // 2)))
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return {
@@ -200,7 +258,11 @@ class CrossVocabDrafter(StatelessDrafter):
         prompt = batch["prompt"].astype(jnp.int32)
         lengths = batch["prompt_lengths"].astype(jnp.int32)
         window = self.prompt_window(batch, config)
-        ids, count = spell_prompt(tables, prompt, lengths, self.draft_eos, window)
+        if DRAFT_PROMPT in batch:  # the text in the draft's own tokens (`with_draft_prompts`)
+            own = batch[DRAFT_PROMPT].astype(jnp.int32), batch[DRAFT_LENGTHS].astype(jnp.int32)
+            ids, count = keep_end(*own, self.draft_eos, window)
+        else:
+            ids, count = spell_prompt(tables, prompt, lengths, self.draft_eos, window)
         spelled = {"prompt": ids, "prompt_lengths": count}
         cache, last_pos, last, _ = prefill(
             self.model, params["model"], spelled, self.cache_length(batch, config)

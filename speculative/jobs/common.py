@@ -12,12 +12,16 @@ from typing import Any
 
 import gin
 import jax
+import jax.numpy as jnp
 
-from speculative import job_spmd, vocab
+from speculative import job_spmd, partitioning, vocab
 from speculative import model_loading as ml
+from speculative.decoding.config import DecodeConfig
 from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.job_io import hold_output_dir
+from speculative.measure.memory import array_bytes_per_device, param_bytes
+from speculative.models import base
 from speculative.vocab import cross_tables
 
 log = logging.getLogger(__name__)
@@ -83,34 +87,45 @@ def load_models(
 ) -> LoadedModels:
     """The target and drafts ((role, spec) pairs), checked against the vocabulary, padding ids
     masked out; on their shards with a partitioner. A DraftSpec's drafter is built for the fitted
-    target's width."""
+    target's width; a draft model whose own vocabulary (`draft_vocabulary_of`) differs from the
+    target's proposes through cross-vocabulary tables, the others are fitted to the target's."""
     mesh = {} if partitioner is None else {"partitioner": partitioner}
     loaded = {"target": (ml.load_model(target, "target", **mesh), ml.where(target))}
     for role, spec in drafts:
         if is_separate_model(spec):
             loaded[role] = (ml.load_model(spec, role, **mesh), ml.where(spec))
-    own = cross_vocabulary(draft_vocabulary, vocabulary) if drafts else None
-    if own is not None:  # each draft model fitted to its own vocabulary, proposing through tables
-        fitted, padding = ml.fit_vocabulary(
-            vocabulary, ml.where(vocabulary_spec), {"target": loaded["target"]}
-        )
-        for role, spec in drafts:
-            fitted[role] = cross_draft(
-                role, spec, loaded, own, draft_vocabulary, vocabulary, fitted
-            )
-        return LoadedModels(fitted["target"], tuple(fitted[role] for role, _ in drafts), padding)
-    fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(vocabulary_spec), loaded)
+    own_specs = {role: draft_vocabulary_of(spec, draft_vocabulary) for role, spec in drafts}
+    # each vocabulary read once (variants of a benchmark share their drafts' checkpoints)
+    read = {s: cross_vocabulary(s, vocabulary) for s in dict.fromkeys(own_specs.values())}
+    own = {role: read[own_specs[role]] for role, _ in drafts}
+    same = {role: v for role, v in loaded.items() if own.get(role) is None}
+    fitted, padding = ml.fit_vocabulary(vocabulary, ml.where(vocabulary_spec), same)
     for role, spec in drafts:
-        if not is_separate_model(spec):
+        if own[role] is not None:  # fitted to its own vocabulary, proposing through tables
+            fitted[role] = cross_draft(
+                role, spec, loaded, own[role], own_specs[role], vocabulary, fitted
+            )
+        elif not is_separate_model(spec):
             fitted[role] = ml.build_draft(spec, fitted["target"], role)
     return LoadedModels(fitted["target"], tuple(fitted[role] for role, _ in drafts), padding)
+
+
+def draft_vocabulary_of(spec: Any, draft_vocabulary: ml.VocabSpec | None) -> ml.VocabSpec | None:
+    """A draft's own vocabulary: with DRAFT_VOCABULARY set, a draft model whose checkpoint carries
+    a tokenizer (a GGUF file, a Hugging Face directory) has that one, so that drafts of two
+    tokenizers can be variants of one benchmark; any other draft has DRAFT_VOCABULARY."""
+    if draft_vocabulary is None or not is_separate_model(spec):
+        return draft_vocabulary
+    if getattr(spec, "format", None) in ("gguf", "hf") and spec.path is not None:
+        return ml.VocabSpec(spec.format, spec.path)
+    return draft_vocabulary
 
 
 def cross_vocabulary(
     spec: ml.VocabSpec | None, target_vocabulary: vocab.Vocabulary
 ) -> vocab.Vocabulary | None:
-    """The draft's own vocabulary when DRAFT_VOCABULARY differs from VOCABULARY (a
-    cross-vocabulary draft, drafts/cross_vocab.py); None when it is unset or the same."""
+    """The draft's own vocabulary when it differs from the target's (a cross-vocabulary draft,
+    drafts/cross_vocab.py); None when it is unset or the same."""
     if spec is None:
         return None
     own = ml.load_vocabulary(spec, "draft vocabulary")
@@ -156,6 +171,44 @@ def cross_draft(
         raise JobError(f"cross-vocabulary tables: {e}", role="draft vocabulary") from e
     log.info(cross_tables.describe(tables, vocab.used_size(vocabulary)))
     return ml.Loaded(drafter, params, draft.description)
+
+
+def cross_draft_bytes(
+    drafter: cross_vocab.CrossVocabDrafter,
+    mesh_shape: Mapping[str, int],
+    batch_size: int,
+    input_len: int,
+    max_decode_len: int,
+    gamma: int,
+    param_dtype: Any,
+) -> dict[str, int]:
+    """Bytes per device of a draft with its own tokenizer: "draft params" (its weights in
+    param_dtype, placed by the draft rules), "draft cache" (its decode state for B = batch_size
+    rows of `drafter.cache_length`: K * (input_len + max_decode_len + gamma + 2) + gamma slots,
+    capped at the draft model's context) and "tables" (int32 to_target [Vd], to_draft [Vt],
+    spelling [Vt, K] and spelling_lengths [Vt], replicated)."""
+    model, rules = drafter.model, partitioning.DRAFT_RULES
+    prompt = {"prompt": jax.ShapeDtypeStruct((batch_size, input_len), jnp.int32)}
+    config = DecodeConfig(max_decode_len, (0,), gamma=gamma)
+    length = drafter.cache_length(prompt, config)
+    shapes = jax.eval_shape(
+        lambda p, b: model.init_state(p, b, length), partitioning.param_shapes(model), prompt
+    )
+    logical = base.decode_state_axes(shapes, partitioning.cache_heads_axis(model))
+    resolved = partitioning.resolve_rules(model, rules, mesh_shape)
+    specs = jax.tree_util.tree_leaves(logical, is_leaf=partitioning.is_spec)
+    cache = sum(
+        array_bytes_per_device(
+            leaf.shape, leaf.dtype, partitioning.mesh_axes(spec, resolved), mesh_shape
+        )
+        for leaf, spec in zip(jax.tree_util.tree_leaves(shapes), specs, strict=True)
+    )
+    target = drafter.target_vocab_size
+    return {
+        "draft params": param_bytes(model, rules, mesh_shape, param_dtype),
+        "draft cache": cache,
+        "tables": 4 * (model.vocab_size + target * (drafter.width + 2)),
+    }
 
 
 def with_shortlists(
