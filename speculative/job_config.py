@@ -21,7 +21,7 @@ import gin
 # so every job that parses a config imports this module.
 from speculative import configurables, distributed, model_loading, partitioning, seqio_inputs  # noqa: F401
 from speculative.decoding import GammaPolicy
-from speculative.decoding.acceptance import NAMES as ACCEPTANCE_NAMES
+from speculative.decoding import acceptance as acceptance_rules
 from speculative.decoding.config import check_tree_settings
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
@@ -266,6 +266,12 @@ def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> 
     shape as `TreeShape.parse` reads it, the other settings by `decoding.config`'s tree rule (the
     one DecodeConfig applies), in the job's words."""
     if tree is None:
+        chain_rules = acceptance_rules.names(False)
+        if acceptance in acceptance_rules.names(True) and acceptance not in chain_rules:
+            raise JobError(
+                f"ACCEPTANCE {acceptance!r} verifies token trees only: set TREE, or use one of "
+                f"{chain_rules} for chains"
+            )
         return None
     try:
         shape = TreeShape.parse(tree)
@@ -275,18 +281,21 @@ def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> 
         check_tree_settings(acceptance, lenience, gamma_policy)  # DecodeConfig's own rule
     except ValueError:
         raise JobError(
-            f"TREE is verified by the exact tree rule: it needs ACCEPTANCE 'token', LENIENCE 1 and "
-            f"the fixed GAMMA_POLICY, got {acceptance!r}, {lenience}, {gamma_policy}"
+            f"TREE is verified by the exact tree rule: it needs ACCEPTANCE in "
+            f"{acceptance_rules.names(True)}, LENIENCE 1 and the fixed GAMMA_POLICY, got "
+            f"{acceptance!r}, {lenience}, {gamma_policy}"
         ) from None
     return shape
 
 
 def check_acceptance(acceptance: Any, lenience: Any) -> None:
-    """Raises JobError unless ACCEPTANCE names a rule (`decoding.acceptance.NAMES`) that can take
-    LENIENCE (only 'token' is defined for l < 1)."""
-    if acceptance not in ACCEPTANCE_NAMES:
-        raise JobError(f"ACCEPTANCE must be one of {ACCEPTANCE_NAMES}, got {acceptance!r}")
-    if acceptance != "token" and lenience != 1:
+    """Raises JobError unless ACCEPTANCE names a rule (`decoding.acceptance.RULES`) that can take
+    LENIENCE (l < 1 only where the rule supports lenience)."""
+    names = acceptance_rules.names()
+    if acceptance not in names:
+        raise JobError(f"ACCEPTANCE must be one of {names}, got {acceptance!r}")
+    lenient = acceptance_rules.names(False, lenient=True)
+    if acceptance not in lenient and lenience != 1:
         raise JobError(
-            f"ACCEPTANCE {acceptance!r} is exact only; LENIENCE {lenience} needs 'token'"
+            f"ACCEPTANCE {acceptance!r} is exact only; LENIENCE {lenience} needs {lenient}"
         )

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from speculative import block_verification, decoding, sampling
+from speculative.decoding import acceptance
 from speculative.errors import JobError
 from speculative.sampling import SamplingConfig
 from tests import helpers
@@ -193,7 +194,8 @@ def broken_stop_rule(weights, mass, lengths):
 
 
 def test_a_broken_stopping_rule_is_caught(monkeypatch):
-    monkeypatch.setattr(block_verification, "stop_probabilities", broken_stop_rule)
+    # Patched where the rule lives (decoding/acceptance/block.py; block_verification re-exports it).
+    monkeypatch.setattr(acceptance.block, "stop_probabilities", broken_stop_rule)
     samples, exact = one_call_outcomes(
         block_verification.verify_block, SamplingConfig(temperature=1.0), 7
     )

@@ -212,13 +212,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
-            "version", "errors", "sampling", "block_verification", "tree_verification", "metrics",
+            "version", "errors", "sampling", "metrics",
             "inputs", "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch",
             "partitioning", "distributed", "seqio_tasks", "seqio_inputs", "logs",
             "provenance",
         ),
     ),
-    ("decoding", ("decoding",)),
+    # block_verification and tree_verification re-export rules of decoding/acceptance/.
+    ("decoding", ("decoding", "block_verification", "tree_verification")),
     ("drafts", ("drafts",)),
     ("measure", ("measure", "configurables")),
     ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags", "summaries",

@@ -177,7 +177,7 @@ def test_unmutated_rule_passes_the_checks(small_pair, small_target_probs):
     copy = mutated_verify_detailed(None)
     with replaced_everywhere(sampling, "verify_detailed", copy):
         # The loop reaches the rule through decoding.acceptance, read when it is traced.
-        assert acceptance.rule("token") is copy, "the decode loop would not run the patched rule"
+        assert acceptance.rule("token").chain() is copy, "the loop would not run the patched rule"
         for check in sorted(CHECKS):
             CHECKS[check](small_pair, exact)
 

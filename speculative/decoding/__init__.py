@@ -2,6 +2,8 @@
 
 The package, read in order (docs/design.md §7):
   tree.py           `TreeShape`: static token-tree shapes, and how a sampled draft grows one
+  acceptance/       the acceptance rules, plug-ins: `Rule`, `RULES` (token, block, traversal),
+                    and `verify`, the loop's one call for chains and trees
   config.py         `GammaPolicy`, `DecodeConfig`: every static setting of one decode, checked once
   state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`
   drafter.py        the `Drafter` protocol and `DraftContext`: the interface every draft implements

@@ -79,8 +79,9 @@ def speculative_decode(
         the output's `exact` says which.
       gamma_policy: how many of the gamma slots each row drafts per round (`GammaPolicy`; default
         all of them).
-      acceptance: 'token' (the paper's rule, the default) or 'block' (block verification: exact,
-        and never fewer tokens accepted per round; `decoding.acceptance`).
+      acceptance: 'token' (the paper's rule, the default), 'block' (block verification, chains:
+        exact, and never fewer tokens accepted per round) or 'traversal' (traversal verification,
+        trees: exact); `decoding.acceptance.RULES` says what each supports.
       tree: propose a token tree each round instead of a chain: a `TreeShape`, or its widths per
         depth such as (4, 2, 2, 1, 1) (`decoding.tree`); verified by the exact tree rule.
     Returns:

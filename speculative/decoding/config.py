@@ -59,24 +59,51 @@ class GammaPolicy:
         return self.kind != "fixed"
 
 
-# What a token tree needs: `tree_verification.verify_tree` is exact (lenience 1, its own rule in
-# place of the 'token' / 'block' chain rules) and scores a fixed shape (no adaptive gamma policy).
-TREE_NEEDS = {"acceptance": "token", "lenience": 1.0, "gamma_policy": GammaPolicy()}
-
-
-def check_tree_settings(acceptance: Any, lenience: Any, gamma_policy: Any) -> None:
-    """Raises ValueError naming the first setting a token tree cannot run with (TREE_NEEDS).
+def check_tree_settings(acceptance_name: Any, lenience: Any, gamma_policy: Any) -> None:
+    """Raises ValueError naming the first setting a token tree cannot run with: a rule that
+    verifies trees (`acceptance.RULES`), and lenience and a gamma policy that rule supports there.
 
     The one rule: DecodeConfig checks its tree with it, and the jobs' TREE check
     (`job_config.check_tree`) turns its error into theirs before anything is loaded.
     """
-    given = {"acceptance": acceptance, "lenience": lenience, "gamma_policy": gamma_policy}
-    for name, needed in TREE_NEEDS.items():
-        if given[name] != needed:
-            raise ValueError(
-                f"a token tree is verified by the exact tree rule with a fixed shape: "
-                f"{name} must be {needed!r}, got {given[name]!r}"
-            )
+    tree_rules = acceptance.names(True)
+    rule = acceptance.RULES.get(acceptance_name) if isinstance(acceptance_name, str) else None
+    support = rule.trees if rule is not None else None
+    if support is None:
+        needed = f"one of {tree_rules}" if len(tree_rules) > 1 else repr(tree_rules[0])
+        refused = f"acceptance must be {needed}, got {acceptance_name!r}"
+    elif lenience != 1.0 and not support.lenient:
+        refused = f"lenience must be 1.0, got {lenience!r}"
+    elif gamma_policy != GammaPolicy() and not support.adaptive:
+        refused = f"gamma_policy must be {GammaPolicy()!r}, got {gamma_policy!r}"
+    else:
+        return
+    raise ValueError(
+        f"a token tree is verified by an exact tree rule with a fixed shape: {refused}"
+    )
+
+
+def check_chain_settings(acceptance_name: Any, lenience: float, gamma_policy: GammaPolicy) -> None:
+    """Raises ValueError unless `acceptance_name` is a rule that verifies chains with this lenience
+    and gamma policy (`acceptance.RULES`)."""
+    if acceptance_name not in acceptance.RULES:
+        raise ValueError(f"acceptance must be one of {acceptance.names()}, got {acceptance_name!r}")
+    support = acceptance.RULES[acceptance_name].chains
+    if support is None:
+        raise ValueError(
+            f"acceptance {acceptance_name!r} verifies token trees only (give a tree); chains are "
+            f"verified by {acceptance.names(False)}"
+        )
+    if lenience != 1.0 and not support.lenient:
+        raise ValueError(
+            f"lenience {lenience} is defined for {acceptance.names(False, lenient=True)} only; "
+            f"acceptance {acceptance_name!r} is exact (lenience 1)"
+        )
+    if gamma_policy.adaptive and not support.adaptive:
+        raise ValueError(
+            f"acceptance {acceptance_name!r} verifies full chains only (a fixed gamma policy); "
+            f"adaptive policies need one of {acceptance.names(False, adaptive=True)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +118,13 @@ class DecodeConfig:
       default) is exact; l < 1 is the paper's lossy lenient acceptance, and every output made with
       it says so (`DecodeOutput.exact` is False).
     gamma_policy: `GammaPolicy`, how many of the gamma slots each row drafts (default: all).
-    acceptance: the rule that keeps draft tokens (`decoding.acceptance`): 'token' (the paper's,
-      the default) or 'block' (block verification; exact, so lenience must be 1).
+    acceptance: the rule that keeps draft tokens, a name in `decoding.acceptance.RULES`: 'token'
+      (the paper's, the default), 'block' (block verification, chains) or 'traversal' (traversal
+      verification, trees); the last two are exact, so lenience 1.
+      What each rule supports (chains, trees, lenience, adaptive lengths) is checked here.
     tree: a `decoding.tree.TreeShape` to propose a token tree each round instead of a chain
-      (`tree_verification.verify_tree` decides; exact, so lenience 1, a fixed gamma policy and
-      the 'token' acceptance). gamma is then the tree's depth (set from it when left None).
+      (verified by a rule that supports trees, 'token' by default: exact, so lenience 1 and a
+      fixed gamma policy). gamma is then the tree's depth (set from it when left None).
     count_ranks: with a tree, count which sibling rank the accepted path took at each depth
       (`DecodeStats.accepted_rank`, the tree planner's positional acceptance); off by default,
       and then nothing of it is in the compiled program.
@@ -142,14 +171,13 @@ class DecodeConfig:
         object.__setattr__(self, "lenience", float(self.lenience))
         if not isinstance(self.gamma_policy, GammaPolicy):
             raise ValueError(f"gamma_policy must be a GammaPolicy, got {self.gamma_policy!r}")
-        if self.acceptance not in acceptance.NAMES:
+        if self.tree is None:  # a tree's settings were checked by _check_tree
+            check_chain_settings(self.acceptance, self.lenience, self.gamma_policy)
+        support = acceptance.rule(self.acceptance).support(self.tree is not None)
+        if not (support.greedy if self.sampling.greedy else support.sampled):
             raise ValueError(
-                f"acceptance must be one of {acceptance.NAMES}, got {self.acceptance!r}"
-            )
-        if self.acceptance != "token" and self.lenience != 1.0:
-            raise ValueError(
-                f"lenience {self.lenience} is defined for token verification only; "
-                f"acceptance {self.acceptance!r} is exact (lenience 1)"
+                f"acceptance {self.acceptance!r} does not verify at temperature "
+                f"{self.sampling.temperature}"
             )
 
     def _check_tree(self) -> None:

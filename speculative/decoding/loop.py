@@ -21,7 +21,6 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from speculative import tree_verification
 from speculative.decoding import acceptance
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
@@ -211,24 +210,19 @@ def _propose(s, drafter, draft_params, context, rng, config):
 
 def _verify(rng, target_logits, target_state, draft_tokens, draft_logits, proposed, pos, config):
     """(_Verdict, target state with the accepted path's cache entries in place)."""
-    tree = config.tree
-    if tree is None:
-        n, next_token, beta = acceptance.rule(config.acceptance)(
-            rng, target_logits, draft_logits, draft_tokens, config.sampling, config.lenience,
-            proposed if config.gamma_policy.adaptive else None,
-        )  # fmt: skip
-        # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
-        position = jnp.arange(config.gamma)[None, :]
-        tested = (position <= n[:, None]) & (position < proposed[:, None])
-        kept = jnp.broadcast_to(jnp.arange(config.gamma + 1), (n.shape[0], config.gamma + 1))
-        return _Verdict(draft_tokens, n, next_token, beta, tested, kept), target_state
-    path, n, next_token, beta, tested = tree_verification.verify_tree(
-        rng, target_logits, draft_logits, draft_tokens, config.sampling, tree.children, tree.depth
-    )
-    tokens = jnp.take_along_axis(draft_tokens, jnp.maximum(path - 1, 0), axis=1)
-    root_and_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)
-    target_state = keep_path(target_state, pos, root_and_path)
-    return _Verdict(tokens, n, next_token, beta, tested, root_and_path), target_state
+    v = acceptance.verify(
+        config.acceptance, rng, target_logits, draft_logits, draft_tokens, proposed,
+        sampling=config.sampling, lenience=config.lenience,
+        adaptive=config.gamma_policy.adaptive, tree=config.tree,
+    )  # fmt: skip
+    root_and_path = jnp.concatenate([jnp.zeros_like(v.path[:, :1]), v.path], axis=1)
+    if config.tree is None:  # a chain's path is 1..G: the drafts, their cache entries in place
+        tokens = draft_tokens
+    else:
+        tokens = jnp.take_along_axis(draft_tokens, jnp.maximum(v.path - 1, 0), axis=1)
+        target_state = keep_path(target_state, pos, root_and_path)
+    verdict = _Verdict(tokens, v.num_accepted, v.next_token, v.beta, v.tested, root_and_path)
+    return verdict, target_state
 
 
 def _reads_features(drafter: Drafter) -> bool:
