@@ -550,7 +550,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 21 runs",
+        "the 23 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
