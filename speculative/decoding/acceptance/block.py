@@ -47,7 +47,7 @@ def stop_probabilities(weights: jax.Array, mass: jax.Array, lengths: jax.Array) 
     r = jnp.concatenate([mass[:, 1:], jnp.zeros_like(mass[:, :1])], axis=1)  # R_1..R_G (R_G unused)
     denominator = r + 1.0 - w
     # denominator 0 means w_i = 1 and R_i = 0 (p = q next): nothing is left to decide, keep going.
-    h = jnp.where(denominator > 0, r / jnp.where(denominator > 0, denominator, 1.0), 1.0)
+    h = renormalised(r, denominator, 1.0)  # 1 where nothing is left to reject
     position = jnp.arange(1, gamma + 1)[None, :]
     h = jnp.where(position == lengths[:, None], w, h)
     return jnp.where(position > lengths[:, None], 0.0, h)

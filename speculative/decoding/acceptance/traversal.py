@@ -72,9 +72,7 @@ def after_rejection(w: jax.Array, p: jax.Array, q: jax.Array) -> tuple[jax.Array
     res, mass = residual.rejection_residual(w[:, None] * p, q)
     denominator = mass[:, 0] + 1.0 - w
     # denominator 0 means w = 1 and R = 0 (p = q): the rejection had no mass; keep w = 1.
-    new_w = jnp.where(
-        denominator > 0, mass[:, 0] / jnp.where(denominator > 0, denominator, 1.0), 1.0
-    )
+    new_w = residual.renormalised(mass[:, 0], denominator, 1.0)
     return new_w, residual.renormalised(res, mass, p)
 
 
