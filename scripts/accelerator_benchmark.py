@@ -31,8 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative import benchmark_report, metrics
-from speculative.measure import memory, planner, timing
+from speculative.measure import memory, metrics, planner, timing
+from speculative.measure import report as benchmark_report
 from speculative.models import decoder, t5
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

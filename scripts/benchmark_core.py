@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import decoding, metrics
-from speculative.measure import runner, timing
+from speculative import decoding
+from speculative.measure import metrics, runner, timing
 from speculative.models import decoder
 
 

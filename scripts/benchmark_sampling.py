@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import sampling
-from speculative.sampling import SamplingConfig
+from speculative.decoding import sampling
+from speculative.decoding.sampling import SamplingConfig
 
 VOCAB = 151_936
 

@@ -31,7 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, vocab
+from speculative import checkpoints, decoding, vocab
+from speculative.data import inputs
+from speculative.loading import fetch
 from speculative.models import decoder
 
 MODEL = "smollm2-135m"

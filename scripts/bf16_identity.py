@@ -15,9 +15,11 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, decoding, fetch, inputs, vocab
+from speculative import checkpoints, decoding, vocab
+from speculative.data import inputs
 from speculative.drafts import shortlist
 from speculative.models import decoder
+from speculative.loading import fetch
 
 
 def main(indices: list[int]) -> None:

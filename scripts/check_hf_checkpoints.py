@@ -1,6 +1,6 @@
 """Real check of the Hugging Face decoder reader (ModelSpec format 'hf') against the GGUF path.
 
-For the demo's Qwen2.5-Coder pair (speculative.fetch MODELS: 0.5B draft, 1.5B Q4_K_M target):
+For the demo's Qwen2.5-Coder pair (speculative.loading.fetch MODELS: 0.5B draft, 1.5B Q4_K_M target):
   1. transformers reads each cached GGUF file (AutoModelForCausalLM.from_pretrained(dir,
      gguf_file=...), dequantised to float32) and writes it out as safetensors + tokenizer.json
      under $SPECULATIVE_CACHE/hf_export/<name> (once; one torch model in memory at a time, freed
@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import decoding, fetch, inputs, vocab
+from speculative import decoding, vocab
 from speculative.checkpoints import load_gguf, load_hf_decoder
+from speculative.data import inputs
+from speculative.loading import fetch
 from speculative.models.decoder import DecoderLM
 
 PAIR = {"draft": "qwen2.5-coder-0.5b", "target": "qwen2.5-coder-1.5b"}

@@ -42,13 +42,15 @@ import jax.numpy as jnp
 import numpy as np
 from hf_generate import HuggingFace  # scripts/hf_generate.py
 
-from speculative import checkpoints, decoding, fetch, inputs, vocab
+from speculative import checkpoints, decoding, vocab
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import shortlist, staged
 from speculative.measure import runner, timing
 from speculative.models import decoder, precision
-from speculative.sampling import SamplingConfig
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+from speculative.loading import fetch
 
 
 def _parse_range(text: str) -> range:

@@ -23,8 +23,10 @@ from typing import Any
 import hf_generate
 import jax.numpy as jnp
 
-from speculative import checkpoints, decoding, fetch, inputs, vocab
+from speculative import checkpoints, decoding, vocab
+from speculative.data import inputs
 from speculative.drafts import cross_vocab
+from speculative.loading import fetch
 from speculative.models import decoder
 from speculative.vocab import cross_tables
 

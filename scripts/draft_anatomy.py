@@ -36,8 +36,10 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from speculative import checkpoints, fetch, inputs, vocab
+from speculative import checkpoints, vocab
+from speculative.data import inputs
 from speculative.drafts import shortlist
+from speculative.loading import fetch
 from speculative.measure import timing
 from speculative.models import base, decoder, precision
 

@@ -25,8 +25,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from speculative import benchmark_report, errors, gin_flags, provenance
+from speculative import errors
+from speculative.config import gin_flags
 from speculative.errors import MALFORMED_ERRORS, JobError
+from speculative.measure import report as benchmark_report
+from speculative.outputs import provenance
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # when imported by a test
 from ende_tables import (  # noqa: E402  (beside this file; the report's markdown and the paper's)

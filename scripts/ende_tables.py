@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from speculative import benchmark_report
+from speculative.measure import report as benchmark_report
 
 # Leviathan et al. (ICML 2023), Table 2, EnDe, T5-XXL target: (draft, T) -> (gamma, alpha, speedup).
 PAPER = {

@@ -9,7 +9,7 @@ import pathlib
 import time
 from typing import Any
 
-from speculative.sampling import SamplingConfig
+from speculative.decoding.sampling import SamplingConfig
 
 
 def hf_model(path: pathlib.Path, dtype: str) -> Any:

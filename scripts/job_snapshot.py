@@ -86,7 +86,8 @@ def key_paths(value, prefix: str = "") -> set[str]:
 
 
 def snapshot(out: pathlib.Path) -> None:
-    from speculative import benchmark, benchmark_report, fit_ngram, infer
+    from speculative import benchmark, fit_ngram, infer
+    from speculative.measure import report as benchmark_report
 
     out.mkdir(parents=True, exist_ok=True)
     inputs = out / "in.jsonl"
@@ -134,7 +135,7 @@ def compare(out: pathlib.Path, reference: pathlib.Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """0; 1 when the snapshots differ; 2 after one line `error: ...` (a job's result file
     missing or torn: `errors.read_result_json`)."""
-    from speculative import gin_flags
+    from speculative.config import gin_flags
 
     status = []
     return gin_flags.run_job(lambda a: status.append(_main(a)), argv) or status[0]

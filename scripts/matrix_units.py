@@ -33,9 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, fetch, inputs, vocab
+from speculative import checkpoints, vocab
+from speculative.data import inputs
 from speculative.decoding.tree import TreeShape
 from speculative.drafts import shortlist
+from speculative.loading import fetch
 from speculative.measure import timing
 from speculative.models import decoder, precision
 

@@ -26,9 +26,10 @@ import pathlib  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from speculative import decoding, partitioning  # noqa: E402
+from speculative import decoding  # noqa: E402
 from speculative.measure import memory, runner, timing  # noqa: E402
 from speculative.models import decoder  # noqa: E402
+from speculative.parallel import partitioning  # noqa: E402
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 

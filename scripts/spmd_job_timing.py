@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-from speculative import errors, gin_flags  # cheap: no JAX in this process
+from speculative import errors  # cheap: no JAX in this process
+from speculative.config import gin_flags  # cheap: no JAX in this process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MESHES = [None, (2, 4), (4, 2)]

@@ -21,7 +21,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from speculative import configurables
+from speculative.config import configurables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LENGTHS = (1, 2, 4, 8)

@@ -24,9 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import configurables, gin_flags, inputs, job_config, metrics  # noqa: F401 (gin names)
-from speculative import model_loading as ml
+from speculative.config import (
+    configurables,  # noqa: F401 (gin names)
+    gin_flags,  # noqa: F401 (gin names)
+)
+from speculative.data import inputs  # noqa: F401 (gin names)
 from speculative.errors import JobError, read_result_jsonl
+from speculative.jobs import config as job_config  # noqa: F401 (gin names)
+from speculative.loading import specs as ml
+from speculative.measure import metrics  # noqa: F401 (gin names)
 from speculative.vocab import base as vocab_base
 
 BATCH = 64

@@ -24,7 +24,7 @@ Speedup = speculative tokens/s / plain tokens/s. Theorem 3.8 predicts it from th
 (pooled over the gammas of a (B, T) cell) and c; the optimal gamma maximises that prediction.
 Writes OUTPUT_DIR/benchmark.json (with "provenance": git commit, dirty flag, version, operative gin
 config), speedup_vs_gamma.png, speedup_vs_batch.png, acceptance_by_position.png and tensorboard/
-(speedup, alpha and tau per cell and variant over gamma; speculative/summaries.py).
+(speedup, alpha and tau per cell and variant over gamma; speculative/outputs/summaries.py).
 
 VARIANTS (BenchmarkConfig.variants, `speculative.Variant`): several drafts / acceptance rules /
 gamma policies, each at its own gammas and temperatures, all interleaved against the cell's one
@@ -38,12 +38,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from speculative import gin_flags
-from speculative.job_config import BenchmarkConfig
+from speculative.config import gin_flags
 from speculative.jobs.benchmark.harness import interleaved_timings
 from speculative.jobs.benchmark.run import run
 from speculative.jobs.benchmark.settings import distinct_drafts, runs_at, validate, variants_of
 from speculative.jobs.benchmark.setup import Setup
+from speculative.jobs.config import BenchmarkConfig
 
 # What scripts and tests reach through this module; the job lives in speculative/jobs/benchmark/.
 __all__ = [

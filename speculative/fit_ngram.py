@@ -27,10 +27,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from speculative import gin_flags, inputs, logs, vocab
-from speculative import model_loading as ml
+from speculative import vocab
+from speculative.config import gin_flags
+from speculative.data import inputs
 from speculative.drafts import ngram, shortlist
 from speculative.errors import JobError
+from speculative.loading import specs as ml
+from speculative.outputs import logs
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ Output, in OUTPUT_DIR:
                      from); speculative rows add alpha, accepted, drafted,
                      verified, accepted_at / verified_at per draft position. Written a batch at a
                      time, fsynced; a killed job restarted with the same OUTPUT_DIR resumes
-                     (speculative/job_io.py). Row results do not depend on where a run stopped:
+                     (speculative/outputs/job_io.py). Row results do not depend on where a run stopped:
                      batches are fixed (indices [k*B, (k+1)*B)) and batch k uses rng fold_in(seed, k).
   summary.json       totals, pooled alpha, tau, measured c and the Theorem 3.8 speedup estimate;
                      this_run times this run's decoding, each program compiled once per prompt
                      width, ahead of time and apart; provenance: git_commit, git_dirty, version
-                     and gin_config (speculative/provenance.py).
+                     and gin_config (speculative/outputs/provenance.py).
   config.gin         the operative gin config.
   plan.json          with GAMMA = 'auto': the planner's choice (gamma, or null for plain decoding)
                      and what it measured; a resumed run reuses it instead of planning again.
@@ -35,7 +35,7 @@ Output, in OUTPUT_DIR:
                      however it is named (a path, ~, file://, a symlink), is refused.
 OUTPUT_DIR may be on an object store (gs://, s3://: any fsspec URL, its implementation installed):
 the rows then go to predictions/chunk-NNNNN.jsonl, each committed by a .commit object, and
-predictions.jsonl is written whole at the end; .lock is an object (speculative/store_lock.py).
+predictions.jsonl is written whole at the end; .lock is an object (speculative/outputs/store_lock.py).
 With SPECULATIVE = False the target is decoded plainly with everything else equal (the draft is
 not loaded, GAMMA = 'auto' is ignored); greedy outputs are then identical to the speculative ones.
 GAMMA_POLICY (a decoding.GammaPolicy) sets how many of the GAMMA slots each row drafts per round.
@@ -47,8 +47,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from speculative import gin_flags
-from speculative.job_config import InferConfig
+from speculative.config import gin_flags
+from speculative.jobs.config import InferConfig
 from speculative.jobs.infer.plan import PLAN
 from speculative.jobs.infer.rows import pool_rows, summarize_rows
 from speculative.jobs.infer.run import make_config, run

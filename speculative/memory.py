@@ -17,19 +17,22 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from speculative import gin_flags, logs, partitioning
+from speculative.config import gin_flags
 from speculative.drafts.cross_vocab import CrossVocabDrafter
 from speculative.errors import JobError
 from speculative.jobs.common import cross_draft_bytes
 from speculative.measure.memory import GIB, format_table, paper_report, param_bytes, state_bytes
+from speculative.outputs import logs
+from speculative.parallel import partitioning
 
 
 def gguf_cross_pair(target: str, draft: str, dtype: Any = jnp.bfloat16) -> tuple[Any, Any]:
     """(target model, CrossVocabDrafter) of two GGUF files (registry names or paths) from their
     metadata and tokenizers alone: no weights are read, the tables are built (seconds)."""
-    from speculative import fetch, vocab
+    from speculative import vocab
     from speculative.checkpoints import families, gguf
-    from speculative.gguf_io import open_gguf
+    from speculative.checkpoints.gguf_io import open_gguf
+    from speculative.loading import fetch
     from speculative.vocab.cross_tables import build_tables
 
     models, vocabularies = [], []

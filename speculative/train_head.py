@@ -29,7 +29,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from speculative import configurables, gin_flags  # noqa: F401  (gin names)
+from speculative.config import (
+    configurables,  # noqa: F401  (gin names)
+    gin_flags,  # noqa: F401  (gin names)
+)
 from speculative.jobs.train_head.run import HeadTrainConfig, run
 
 __all__ = ["HeadTrainConfig", "main", "run"]

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speculative import decoding, sampling
+from speculative import decoding
+from speculative.decoding import sampling
 from speculative.models import decoder, t5
 
 
@@ -423,7 +424,7 @@ def in_tensorflow_process():
     )
 
 
-# A line of the jobs' log (speculative/logs.py): "2026-12-03 16:21:21,123 INFO speculative.x: ...".
+# A line of the jobs' log (speculative/outputs/logs.py): "2026-12-03 16:21:21,123 INFO speculative.x: ...".
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
 

@@ -19,9 +19,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
-from speculative import distributed, partitioning, sharded_checkpoints
+from speculative.checkpoints import sharded as sharded_checkpoints
 from speculative.checkpoints import validation
 from speculative.models import t5
+from speculative.parallel import distributed, partitioning
 
 
 def tiny_config() -> t5.T5Config:

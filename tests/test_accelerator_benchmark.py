@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from speculative import metrics
+from speculative.measure import metrics
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "accelerator_benchmark.py"
 

@@ -9,11 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import block_verification, decoding, job_config, sampling, tree_verification
-from speculative.decoding import TreeShape, acceptance
+from speculative import decoding
+from speculative.decoding import TreeShape, acceptance, sampling
 from speculative.decoding.acceptance import Rule, Support
+from speculative.decoding.acceptance import block as block_rule
+from speculative.decoding.acceptance import tree as tree_rule
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
+from speculative.jobs import config as job_config
 
 T1 = SamplingConfig(temperature=1.0)
 
@@ -27,8 +30,8 @@ def test_registry_declares_what_each_rule_supports():
     assert acceptance.names(False, adaptive=True) == ("token", "block")
     # The old public names are the functions the rules run.
     assert acceptance.rule("token").chain() is sampling.verify_detailed
-    assert acceptance.rule("token").tree() is tree_verification.verify_tree
-    assert acceptance.rule("block").chain() is block_verification.verify_block
+    assert acceptance.rule("token").tree() is tree_rule.verify_tree
+    assert acceptance.rule("block").chain() is block_rule.verify_block
     with pytest.raises(ValueError, match="a support needs its function"):
         Rule("half", "a support without its function", chains=Support())
     with pytest.raises(ValueError, match=r"acceptance must be one of \('token', 'block', 'trav"):

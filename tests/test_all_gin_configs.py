@@ -18,10 +18,12 @@ import re
 import gin
 import pytest
 
-from speculative import configurables, gin_flags, job_config, model_loading
 from speculative.checkpoints import families
+from speculative.config import configurables, gin_flags
 from speculative.drafts import registry
 from speculative.errors import JobError
+from speculative.jobs import config as job_config
+from speculative.loading import specs as model_loading
 from speculative.models import t5
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -111,7 +113,8 @@ TRAIN_OVERLAYS = {"configs/train/ende_big.gin": "configs/train/ende_target_regul
 def _check_train_config(path: pathlib.Path) -> None:
     """configs/train/*: a speculative.TrainConfig with a T5 model and a vocabulary, or a
     speculative.HeadTrainConfig with a target ModelSpec."""
-    from speculative import train, train_head  # register the job configs
+    from speculative import train_head  # register the job configs
+    from speculative.jobs.train import run as trainer
 
     base = TRAIN_OVERLAYS.get(_rel(path))
     _parse_binding_required_to_none([base, _rel(path)] if base else [_rel(path)])
@@ -120,7 +123,7 @@ def _check_train_config(path: pathlib.Path) -> None:
         assert isinstance(head.target, model_loading.ModelSpec)
         assert isinstance(head.vocabulary, model_loading.VocabSpec)
         return
-    cfg = train.TrainConfig()
+    cfg = trainer.TrainConfig()
     assert isinstance(cfg.model, t5.T5) and isinstance(cfg.vocabulary, model_loading.VocabSpec)
     hash(cfg.model)
     assert cfg.steps >= 1 and cfg.batch_size >= 1
@@ -226,11 +229,11 @@ def _draft_checkpoint(draft: str) -> str:
 
 def _trained_model_config(name: str) -> t5.T5Config:
     """The model configs/train/<name>.gin trains."""
-    from speculative import train  # registers speculative.TrainConfig
+    from speculative.jobs.train import run as trainer
 
     gin.clear_config()
     _parse_binding_required_to_none([f"configs/train/{name}.gin"])
-    cfg = train.TrainConfig()
+    cfg = trainer.TrainConfig()
     gin.clear_config()
     return cfg.model.config
 

@@ -15,11 +15,14 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import benchmark, benchmark_report, metrics, partitioning, summaries
-from speculative import model_loading as ml
+from speculative import benchmark
 from speculative.jobs.benchmark import settings as bench_settings
 from speculative.jobs.benchmark import setup as bench_setup
-from speculative.measure import bootstrap, memory
+from speculative.loading import specs as ml
+from speculative.measure import bootstrap, memory, metrics
+from speculative.measure import report as benchmark_report
+from speculative.outputs import summaries
+from speculative.parallel import partitioning
 from tests.helpers import tiny_decoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -208,8 +211,8 @@ def test_memory_check_uses_the_memory_model_beyond_the_loaded_weights(monkeypatc
 def test_a_sweep_cut_short_leaves_a_result_marked_partial(tmp_path, monkeypatch):
     """Killed (here: interrupted) after its first cell: benchmark.json holds that cell and says
     "complete": false, and nothing of an earlier run (its benchmark.json, its plots) is left."""
-    from speculative import benchmark_report
     from speculative.jobs.benchmark import cells
+    from speculative.measure import report as benchmark_report
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "bench"

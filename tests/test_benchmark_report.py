@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from speculative import benchmark_report
 from speculative.errors import JobError
+from speculative.measure import report as benchmark_report
 
 
 def _cell(batch: int, speedups: dict[int, float], temperature: float = 0.0) -> dict:

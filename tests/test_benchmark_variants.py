@@ -14,11 +14,14 @@ import pathlib
 import gin
 import pytest
 
-from speculative import benchmark, benchmark_report, fit_ngram, gin_flags, job_config
-from speculative import model_loading as ml
+from speculative import benchmark, fit_ngram
+from speculative.config import gin_flags
 from speculative.decoding import GammaPolicy
 from speculative.errors import JobError
-from speculative.job_config import Variant
+from speculative.jobs import config as job_config
+from speculative.jobs.config import Variant
+from speculative.loading import specs as ml
+from speculative.measure import report as benchmark_report
 from tests.helpers import tiny_decoder_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

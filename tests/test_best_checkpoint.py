@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import model_loading as ml
 from speculative.checkpoints import best, t5x_write
 from speculative.errors import JobError
 from speculative.jobs.train import retention
+from speculative.loading import specs as ml
 from speculative.models import t5
 from tests import helpers
 

@@ -1,4 +1,4 @@
-"""Block verification (speculative/block_verification.py) is exact and never accepts less.
+"""Block verification (speculative/decoding/acceptance/block.py) is exact and never accepts less.
 
 - An exact reference of the rule, in numpy, enumerates every draft block and every stopping point on
   small vocabularies with context-dependent p and q (q with zero mass where p has mass): completed
@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import block_verification, decoding, sampling
-from speculative.decoding import acceptance
+from speculative import decoding
+from speculative.decoding import acceptance, sampling
+from speculative.decoding.acceptance import block as block_rule
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
 from tests import helpers
 from tests.test_decoding import check_sampled_sequences_follow_target
 
@@ -180,7 +181,7 @@ CASES = [
 
 @pytest.mark.parametrize("cfg, lengths", CASES)
 def test_jax_rule_matches_the_exact_outcome_distribution(cfg, lengths):
-    samples, exact = one_call_outcomes(block_verification.verify_block, cfg, 7, lengths)
+    samples, exact = one_call_outcomes(block_rule.verify_block, cfg, 7, lengths)
     assert abs(sum(exact.values()) - 1.0) < 1e-9
     assert helpers.chi_square_pvalue(samples, exact) > 1e-3
 
@@ -194,11 +195,9 @@ def broken_stop_rule(weights, mass, lengths):
 
 
 def test_a_broken_stopping_rule_is_caught(monkeypatch):
-    # Patched where the rule lives (decoding/acceptance/block.py; block_verification re-exports it).
+    # Patched where the rule lives (decoding/acceptance/block.py).
     monkeypatch.setattr(acceptance.block, "stop_probabilities", broken_stop_rule)
-    samples, exact = one_call_outcomes(
-        block_verification.verify_block, SamplingConfig(temperature=1.0), 7
-    )
+    samples, exact = one_call_outcomes(block_rule.verify_block, SamplingConfig(temperature=1.0), 7)
     assert helpers.chi_square_pvalue(samples, exact) < 1e-6
 
 

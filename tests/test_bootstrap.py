@@ -117,7 +117,8 @@ def test_a_point_without_an_interval_is_null_in_benchmark_json():
 def test_a_benchmark_of_one_repeat_writes_null_and_reports_it(tmp_path, monkeypatch, capsys):
     """The benchmark job at REPEATS = 1: benchmark.json holds null, and its table and plots are
     made from it (no zero-width interval anywhere)."""
-    from speculative import benchmark, benchmark_report
+    from speculative import benchmark
+    from speculative.measure import report as benchmark_report
 
     root = pathlib.Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)

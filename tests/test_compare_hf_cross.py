@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from speculative.sampling import SamplingConfig
+from speculative.decoding.sampling import SamplingConfig
 from tests.test_cross_vocab import DRAFT_TEXT, TARGET_TEXT, _trained
 from tests.test_cross_vocab_jobs import write_bpe_model
 

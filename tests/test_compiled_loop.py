@@ -13,8 +13,9 @@ import re
 import jax
 import pytest
 
-from speculative import decoding, inputs
-from speculative.sampling import SamplingConfig
+from speculative import decoding
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from tests import helpers
 
 # Distinct sizes, so that no activation shape can be mistaken for a weight's.

@@ -16,12 +16,13 @@ import pytest
 import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from speculative import decoding, inputs
+from speculative import decoding
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import cross_vocab
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
-from speculative.vocab import ByteVocabulary, SentencePieceVocabulary
-from speculative.vocab.cross_tables import build_tables, token_bytes
+from speculative.vocab import ByteVocabulary, SentencePieceVocabulary, cross_tables
+from speculative.vocab.cross_tables import build_tables, choose_width, token_bytes
 from speculative.vocab.hf_tokenizer import HFTokenizerVocabulary
 from tests import helpers
 

@@ -112,7 +112,6 @@ def test_drafts_of_two_tokenizers_in_one_job(tmp_path):
     """With DRAFT_VOCABULARY set, a draft model whose GGUF file carries another tokenizer proposes
     through the tables while a draft with DRAFT_VOCABULARY's (the target's) is fitted as usual:
     both as variants of one job."""
-    from speculative import model_loading as ml
     from speculative.jobs import common
     from speculative.models import decoder
 
@@ -145,3 +144,4 @@ def test_partitioned_on_4_host_devices(tmp_path):
     helpers.run_pytest_on_host_devices(
         ["tests/test_cross_vocab_sharded.py"], tmp_path / "cross.xml", min_tests=2, devices=4
     )
+    from speculative.loading import specs as ml

@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import decoding, partitioning
+from speculative import decoding
 from speculative.drafts import cross_vocab
+from speculative.parallel import partitioning
 from speculative.vocab.cross_tables import build_tables
 from tests import helpers
 from tests.test_cross_vocab import DRAFT_TEXT, TARGET_TEXT, V_MAX_LEN, _tiny, _trained

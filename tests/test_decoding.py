@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from speculative import decoding
+from speculative.decoding.sampling import SamplingConfig
 from speculative.measure import timing
-from speculative.sampling import SamplingConfig
 from tests import helpers
 
 V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py

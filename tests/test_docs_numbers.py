@@ -271,7 +271,8 @@ def best_speedup(bench: dict, batch: int) -> float:
 
 
 def gguf_bytes(fetch_py: str, names: tuple[str, ...]) -> int:
-    """Bytes of the registry's GGUF files (speculative/fetch.py's MODELS rows, read as source)."""
+    """Bytes of the registry's GGUF files (speculative/loading/fetch.py's MODELS rows, read as
+    source)."""
     total = 0
     for node in ast.walk(ast.parse(fetch_py)):
         if (
@@ -287,7 +288,7 @@ def gguf_bytes(fetch_py: str, names: tuple[str, ...]) -> int:
 def demo_models_gb(data: dict) -> float:
     """GB of the demo's two models: their names from demo.json, their sizes from fetch.py."""
     demo = data["benchmarks/demo_issue39/demo.json"]
-    return gguf_bytes(data["speculative/fetch.py"], (demo["target"], demo["draft"])) / 1e9
+    return gguf_bytes(data["speculative/loading/fetch.py"], (demo["target"], demo["draft"])) / 1e9
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,7 +590,12 @@ QUICKSTART_FIGURES = [
         "{:.2f} tok/s speculative",
     ),
     _quick(
-        _DEMO_ROW, "disk", "1.6 GB", f"{DEMO}|speculative/fetch.py", demo_models_gb, "{:.1f} GB"
+        _DEMO_ROW,
+        "disk",
+        "1.6 GB",
+        f"{DEMO}|speculative/loading/fetch.py",
+        demo_models_gb,
+        "{:.1f} GB",
     ),
     _quick(
         _DEMO_ROW,

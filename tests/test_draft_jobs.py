@@ -150,9 +150,9 @@ def test_bad_draft_specs_are_one_line_errors(tmp_path, extra, message):
 
 
 def _infer_config(**overrides):
-    from speculative import job_config
-    from speculative import model_loading as ml
-    from speculative.sampling import SamplingConfig
+    from speculative.decoding.sampling import SamplingConfig
+    from speculative.jobs import config as job_config
+    from speculative.loading import specs as ml
 
     spec = ml.ModelSpec("random", model=helpers.tiny_decoder_model(264, 32, 1, 2, 1))
     fields = {

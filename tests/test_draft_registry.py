@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative import model_loading
 from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import registry
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
+from speculative.loading import specs as model_loading
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

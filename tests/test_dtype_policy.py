@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative import decoding, model_loading
+from speculative import decoding
+from speculative.loading import specs as model_loading
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

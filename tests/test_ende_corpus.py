@@ -9,9 +9,12 @@ import struct
 
 import pytest
 
-from speculative import ende_clean, ende_data, ende_sources
-from speculative.ende_sources import Pair
+from speculative import ende_data
 from speculative.errors import JobError
+from speculative.recipes.ende import clean as ende_clean
+from speculative.recipes.ende import data as ende
+from speculative.recipes.ende import sources as ende_sources
+from speculative.recipes.ende.sources import Pair
 
 LO_PAGE = """<!DOCTYPE html>
 <html lang="{lang}" dir="ltr"><head><meta charset="utf-8"><title>{title}</title>
@@ -290,14 +293,12 @@ def test_the_build_writes_splits_and_corpus_json(tmp_path):
     assert sum(help_["english_words"].values()) == english
     assert sources["gimp-help"]["license"].startswith("GFDL-1.2+")
     assert sources["trans-de-en"]["license"] == "GPL-2+"
-    lines = [
-        x for s in ende_data.SPLITS for x in (tmp_path / f"a/{s}.tsv").read_text().splitlines()
-    ]
+    lines = [x for s in ende.SPLITS for x in (tmp_path / f"a/{s}.tsv").read_text().splitlines()]
     assert len(lines) == len({x.split("\t")[0] for x in lines}) == sum(counts.values())
     assert not list((tmp_path / "a").glob(".packages-*"))  # the unpacked packages are gone
     # Deterministic, and the dictionary alone is a corpus of its own.
     ende_data.main(["--out", str(tmp_path / "b"), "--vocab_size", "0"], fetch=fetch)
-    for split in ende_data.SPLITS:
+    for split in ende.SPLITS:
         assert (tmp_path / f"a/{split}.jsonl").read_bytes() == (
             tmp_path / f"b/{split}.jsonl"
         ).read_bytes()
@@ -329,7 +330,7 @@ def test_a_package_that_cannot_be_fetched_or_unpacked_is_a_one_line_error(tmp_pa
     _tool(tools, "apt-get", 'touch "$2_1.0_all.deb"')  # a download that is no package
     _tool(tools, "dpkg-deb", "exit 2")
     with pytest.raises(JobError, match=r"^package gimp-help-en: dpkg-deb -x .* failed \(exit 2\)$"):
-        ende_data.fetch_package("gimp-help-en", tmp_path / "work")
+        ende.fetch_package("gimp-help-en", tmp_path / "work")
     # unpacks (only an archive that is there), but not the layout the reader knows; --out given
     # relative, as on a command line: the tools run in the work directory, the paths must hold
     _tool(tools, "dpkg-deb", 'test -f "$2" && mkdir -p "$3"')

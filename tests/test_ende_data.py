@@ -5,8 +5,12 @@ import pathlib
 
 import pytest
 
-from speculative import ende_clean, ende_data, ende_sources, gin_flags
+from speculative import ende_data
+from speculative.config import gin_flags
 from speculative.errors import JobError
+from speculative.recipes.ende import clean as ende_clean
+from speculative.recipes.ende import data as ende
+from speculative.recipes.ende import sources as ende_sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINES = [
@@ -37,20 +41,20 @@ def _sample() -> list[ende_sources.Pair]:
 
 def test_splits_are_a_function_of_the_sentence(tmp_path):
     pairs = _sample()
-    counts = ende_data.write_splits(pairs + pairs[:5], tmp_path)  # duplicates are dropped
+    counts = ende.write_splits(pairs + pairs[:5], tmp_path)  # duplicates are dropped
     assert sum(counts.values()) == len(pairs) and counts["train"] > 30
     reversed_dir = tmp_path / "reversed"
-    ende_data.write_splits(pairs[::-1], reversed_dir)
-    for split in ende_data.SPLITS:
+    ende.write_splits(pairs[::-1], reversed_dir)
+    for split in ende.SPLITS:
         a = set((tmp_path / f"{split}.tsv").read_text().splitlines())
         b = set((reversed_dir / f"{split}.tsv").read_text().splitlines())
         assert a == b
-    assert {ende_clean.split_of(p[0]) for p in pairs} <= set(ende_data.SPLITS)
+    assert {ende_clean.split_of(p[0]) for p in pairs} <= set(ende.SPLITS)
 
 
 def test_jsonl_splits_hold_the_prefixed_inputs_of_the_tsv(tmp_path):
-    ende_data.write_splits(_sample(), tmp_path)
-    for split in ende_data.SPLITS:
+    ende.write_splits(_sample(), tmp_path)
+    for split in ende.SPLITS:
         tsv = [line.split("\t") for line in (tmp_path / f"{split}.tsv").read_text().splitlines()]
         rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
         assert [(r["inputs"], r["targets"]) for r in rows] == [
@@ -92,7 +96,7 @@ def test_distillation_pairs_are_the_targets_translations(tmp_path):
     ]
     bad = _predictions(tmp_path / "bad", [{"index": 0, "inputs": "A cat.", "output": "Katze."}])
     with pytest.raises(JobError, match="predictions.jsonl:1: not a translation"):
-        ende_data.distillation_pairs([bad])
+        ende.distillation_pairs([bad])
 
 
 @pytest.mark.parametrize(
@@ -125,7 +129,7 @@ def test_missing_package_tools_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(
         JobError, match="^package trans-de-en: apt-get is not installed: .* --dictionary="
     ):
-        ende_data.fetch_package("trans-de-en", tmp_path / "download")
+        ende.fetch_package("trans-de-en", tmp_path / "download")
     with pytest.raises(JobError, match="^dictionary .*nope.tsv: cannot read it"):
         ende_data.main(["--dictionary", str(tmp_path / "nope.tsv"), "--out", str(tmp_path / "o"),
                         "--sources", "trans-de-en"])  # fmt: skip
@@ -133,9 +137,7 @@ def test_missing_package_tools_are_one_line_errors(tmp_path, monkeypatch):
 
 def test_sentencepiece_is_t5_style(tmp_path):
     sentencepiece = pytest.importorskip("sentencepiece")
-    model = ende_data.train_sentencepiece(
-        ROOT / "tests/data/en_de_pairs.tsv", tmp_path / "spm", 200
-    )
+    model = ende.train_sentencepiece(ROOT / "tests/data/en_de_pairs.tsv", tmp_path / "spm", 200)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
     ids = sp.encode("Wir haben das Haus gekauft.")
@@ -143,7 +145,7 @@ def test_sentencepiece_is_t5_style(tmp_path):
 
 
 def test_a_second_process_building_the_same_directory_is_refused(tmp_path):
-    from speculative import job_io
+    from speculative.outputs import job_io
 
     with job_io.lock_output_dir(tmp_path / "o"):
         with pytest.raises(JobError, match="is in use by another job"):

@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from speculative import metrics
 from speculative.errors import JobError
+from speculative.measure import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ende_report", ROOT / "scripts" / "ende_report.py")

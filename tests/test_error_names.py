@@ -9,10 +9,11 @@ import pathlib
 
 import pytest
 
-from speculative import benchmark, errors, gin_flags, infer
-from speculative import model_loading as ml
+from speculative import benchmark, errors, infer
+from speculative.config import gin_flags
 from speculative.errors import JobError, strip_path
 from speculative.jobs.train import guards
+from speculative.loading import specs as ml
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -148,9 +149,9 @@ def test_loading_a_draft_spec_as_a_model_names_the_slot():
 def test_the_trainer_refuses_a_spec_where_its_architecture_belongs():
     import dataclasses
 
-    from speculative import train
+    from speculative.jobs.train import run as trainer
 
-    base = train.TrainConfig(model=None, vocabulary=None, train_file="x.tsv", output_dir="/o")
+    base = trainer.TrainConfig(model=None, vocabulary=None, train_file="x.tsv", output_dir="/o")
     spec = ml.ModelSpec("hf", "/somewhere")
     with pytest.raises(JobError) as e:
         guards.validate(dataclasses.replace(base, model=spec))

@@ -22,11 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, infer, summaries, train_head  # noqa: F401  (gin names first)
+from speculative import decoding, infer, train_head  # noqa: F401  (gin names first)
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import feature_head as head_draft
 from speculative.errors import JobError
 from speculative.models.feature_head import FeatureHead, FeatureHeadConfig
-from speculative.sampling import SamplingConfig
+from speculative.outputs import summaries  # noqa: F401  (gin names first)
 from tests import helpers
 from tests.test_decoding import check_sampled_sequences_follow_target
 

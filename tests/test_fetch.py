@@ -10,7 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from speculative import fetch
+from speculative.loading import fetch
 
 PARTS = 12  # part10..part12 sort before part2 as strings: the join must be numeric
 

@@ -14,10 +14,11 @@ import json
 
 import pytest
 
-from speculative import job_io, train
 from speculative.errors import JobError
 from speculative.jobs.train import guards
+from speculative.jobs.train import run as trainer
 from speculative.jobs.train_head import run as head_run
+from speculative.outputs import job_io
 from tests.test_train import DATA
 
 
@@ -29,8 +30,8 @@ def _stop(*args, **kwargs):
     raise PastTheCheck
 
 
-def _train_cfg(out, **overrides) -> train.TrainConfig:
-    base = train.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir=str(out))
+def _train_cfg(out, **overrides) -> trainer.TrainConfig:
+    base = trainer.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir=str(out))
     return dataclasses.replace(base, **overrides)
 
 
@@ -39,17 +40,17 @@ def _head_cfg(out, **overrides) -> head_run.HeadTrainConfig:
 
 
 def test_a_trainer_directory_written_before_resumes_or_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "_train_locked", _stop)
+    monkeypatch.setattr(trainer, "_train_locked", _stop)
     out = tmp_path / "run"
     out.mkdir()
     old = out / guards.FINGERPRINT  # the bare object the trainer wrote before
     old.write_text(json.dumps(guards.fingerprint(_train_cfg(out)), indent=1))
     before = old.read_bytes()
     with pytest.raises(PastTheCheck):
-        train.train(_train_cfg(out))
+        trainer.train(_train_cfg(out))
     assert old.read_bytes() == before  # resumed: the old file is kept as it is
     with pytest.raises(JobError, match=r"holds a model trained with other settings \(seed\)") as e:
-        train.train(_train_cfg(out, seed=1))
+        trainer.train(_train_cfg(out, seed=1))
     assert "\n" not in str(e.value)
 
     # The head trainer: its old head_job.json as well.
@@ -64,16 +65,16 @@ def test_a_trainer_directory_written_before_resumes_or_is_refused(tmp_path, monk
 
 
 def test_one_format_is_written_and_read_by_every_job(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "_train_locked", _stop)
+    monkeypatch.setattr(trainer, "_train_locked", _stop)
     out = tmp_path / "run"
     with pytest.raises(PastTheCheck):
-        train.train(_train_cfg(out))
+        trainer.train(_train_cfg(out))
     record = json.loads((out / guards.FINGERPRINT).read_text())
     assert record == {"fingerprint": guards.fingerprint(_train_cfg(out))}
     with pytest.raises(PastTheCheck):
-        train.train(_train_cfg(out))  # a resume reads what it wrote
+        trainer.train(_train_cfg(out))  # a resume reads what it wrote
     with pytest.raises(JobError, match=r"other settings \(learning_rate\)"):
-        train.train(_train_cfg(out, learning_rate=0.5))
+        trainer.train(_train_cfg(out, learning_rate=0.5))
     # The infer job's store writes the same form to job.json, tuples normalised to lists.
     store = job_io.ResultStore(str(tmp_path / "infer"), {"gamma": 3, "tree": (2, 1)})
     assert json.loads((store.dir / job_io.JOB).read_text()) == {

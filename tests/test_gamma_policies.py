@@ -7,8 +7,8 @@ import pytest
 
 from speculative import decoding
 from speculative.decoding import GammaPolicy
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import ngram, prompt_lookup
-from speculative.sampling import SamplingConfig
 from tests import helpers
 
 V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py

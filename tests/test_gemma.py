@@ -18,12 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, infer, partitioning
-from speculative import model_loading as ml
+from speculative import decoding, infer
 from speculative.checkpoints import hf_model, load_hf_decoder
 from speculative.errors import JobError
+from speculative.loading import specs as ml
 from speculative.measure import memory
 from speculative.models.gemma import GemmaConfig, GemmaLM
+from speculative.parallel import partitioning
 from tests import helpers
 from tests.test_hf_decoder import TEXTS, _tokenizer
 

@@ -9,7 +9,7 @@ import gin
 import jax
 import pytest
 
-from speculative import configurables
+from speculative.config import configurables
 from speculative.models import t5
 from tests.helpers import t5_1_1_small
 

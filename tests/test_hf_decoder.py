@@ -21,9 +21,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from speculative import decoding, infer, vocab
-from speculative import model_loading as ml
 from speculative.checkpoints import load_hf_decoder
 from speculative.errors import JobError
+from speculative.loading import specs as ml
 from speculative.models.decoder import DecoderLM
 from tests import helpers
 

@@ -162,8 +162,8 @@ def test_graph_covers_the_package():
     assert {"speculative.decoding", "speculative.infer", "speculative.models.t5"} <= set(graph)
     assert "speculative.decoding" in graph["speculative.measure.runner"]
     # importlib and function-level imports count (both are in the package today).
-    assert "speculative.seqio_tasks" in graph["speculative.job_config"]
-    assert "speculative.configurables" in graph["speculative.measure.memory"]
+    assert "speculative.data.seqio_tasks" in graph["speculative.jobs.config"]
+    assert "speculative.config.configurables" in graph["speculative.measure.memory"]
 
 
 def test_no_import_circle():
@@ -176,9 +176,9 @@ def test_no_import_circle():
 
 def test_no_job_imports_another():
     """Each job is a command (speculative/<job>.py) over its own package (speculative/jobs/<job>/);
-    they share speculative/jobs/common.py and nothing else."""
+    they share jobs/common.py, jobs/config.py and jobs/spmd.py and no other job's modules."""
     graph = import_graph()
-    commands = ("infer", "benchmark", "demo", "train", "fit_ngram", "ende_data", "memory")
+    commands = COMMANDS
 
     def job_of(module: str) -> str | None:
         name = module.removeprefix("speculative.").removeprefix("jobs.")
@@ -206,27 +206,22 @@ def test_cycle_and_depth_helpers_on_small_graphs():
     assert depth({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == 2
 
 
-# docs/design.md §7, bottom up: a module may import its own layer and the layers below it only.
-# A name matches a module and everything under it ("models" covers speculative.models.t5).
+# docs/design.md §7, bottom up. A module's layer is its folder's: speculative/<folder>/... is in the
+# layer that lists <folder>. Outside the folders, speculative/ holds only FLAT (at the bottom) and
+# the COMMANDS users type (`python -m speculative.<command>`, at the top). A module may import its
+# own layer and the layers below it only.
+FLAT = ("errors", "version")
+COMMANDS = (
+    "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "memory", "ende_data", "fetch",
+)  # fmt: skip
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "foundation",
-        (
-            "version", "errors", "sampling", "metrics",
-            "inputs", "models", "vocab", "checkpoints", "sharded_checkpoints", "gguf_io", "fetch",
-            "partitioning", "distributed", "seqio_tasks", "seqio_inputs", "logs",
-            "provenance",
-        ),
-    ),
-    # block_verification and tree_verification re-export rules of decoding/acceptance/.
-    ("decoding", ("decoding", "block_verification", "tree_verification")),
+    ("foundation", (*FLAT, "data", "models", "parallel", "checkpoints", "vocab", "outputs")),
+    ("decoding", ("decoding",)),
     ("drafts", ("drafts",)),
-    ("measure", ("measure", "configurables")),
-    ("job support", ("model_loading", "job_config", "job_io", "job_spmd", "gin_flags", "summaries",
-                     "benchmark_report", "storage", "store_lock", "chunk_store")),
-    ("jobs", ("jobs", "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "ende_data",
-              "ende_sources", "ende_clean",
-              "memory", "pipeline")),
+    ("measure", ("measure", "config")),
+    ("loading", ("loading", "recipes")),
+    ("jobs", ("jobs", "notebook")),
+    ("commands", COMMANDS),
 )  # fmt: skip
 
 
@@ -234,11 +229,60 @@ def layer_of(module: str) -> int:
     """Index in LAYERS of a speculative module (the package root itself is above every layer)."""
     if module == "speculative":
         return len(LAYERS)
-    name = module.removeprefix("speculative.")
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(name == p or name.startswith(p + ".") for p in prefixes):
+    head = module.removeprefix("speculative.").split(".")[0]
+    for index, (_, names) in enumerate(LAYERS):
+        if head in names:
             return index
     raise AssertionError(f"{module} is in no layer of LAYERS (tests/test_import_graph.py)")
+
+
+def misplaced() -> list[str]:
+    """Modules outside a folder of LAYERS, top-level modules that are neither FLAT nor a command,
+    and folders of LAYERS that are not there."""
+    folders = {n for _, names in LAYERS for n in names} - set(FLAT) - set(COMMANDS)
+    found = []
+    for module in import_graph():
+        parts = module.split(".")[1:]
+        if len(parts) == 1 and parts[0] not in FLAT + COMMANDS and parts[0] not in folders:
+            found.append(f"{module}: a top-level module that is neither FLAT nor a command")
+        elif len(parts) > 1 and parts[0] not in folders:
+            found.append(f"{module}: in a folder that is in no layer")
+    found += [
+        f"speculative/{f}/ is listed in LAYERS but is no package"
+        for f in sorted(folders)
+        if not (PACKAGE / f / "__init__.py").is_file()
+    ]
+    return found
+
+
+def test_every_module_lives_in_a_listed_folder():
+    assert misplaced() == []
+
+
+def old_names() -> list[str]:
+    """Imports, in the package, tests and scripts, of a module by the name it had before it moved
+    into a folder (speculative.MOVED keeps those names working for outside code only)."""
+    import speculative
+
+    found = []
+    for path in sorted(
+        [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    ):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "speculative" and len(parts) > 1 and parts[1] in speculative.MOVED:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    return found
+
+
+def test_no_old_module_names_inside_the_repository():
+    assert old_names() == []
 
 
 def folder_of(module: str) -> str:
@@ -327,3 +371,6 @@ def test_size_and_layer_checks_catch_violations():
     assert folder_of("speculative.drafts.ngram") == "speculative.drafts"
     assert folder_of("speculative.drafts") == "speculative.drafts"
     assert folder_of("speculative.errors") == "speculative"
+    assert layer_of("speculative.decoding.sampling") < layer_of("speculative.drafts.ngram")
+    assert layer_of("speculative.errors") == layer_of("speculative.data.inputs") == 0
+    assert layer_of("speculative.infer") == len(LAYERS) - 1

@@ -18,8 +18,10 @@ import time
 import pytest
 
 import speculative
-from speculative import gin_flags, infer, job_io
+from speculative import infer
+from speculative.config import gin_flags
 from speculative.errors import JobError
+from speculative.outputs import job_io
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -210,7 +212,7 @@ def _check_logs_and_provenance(captured, out: pathlib.Path) -> None:
     """Status lines are log records on stderr (timestamp, level, logger), the summary is on
     stdout, and summary.json names the code and the config that produced it."""
     logged = [line for line in captured.err.splitlines() if helpers.LOG_LINE.match(line)]
-    assert any(" INFO speculative.model_loading: target: " in line for line in logged), logged
+    assert any(" INFO speculative.loading.specs: target: " in line for line in logged), logged
     assert any(" INFO speculative.jobs.infer.run: 5 examples, 0 already in " in x for x in logged)
     assert "target:" not in captured.out and "wrote " in captured.out  # results stay on stdout
     made = json.loads((out / "summary.json").read_text())["provenance"]

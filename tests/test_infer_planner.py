@@ -9,7 +9,8 @@ import pathlib
 
 import pytest
 
-from speculative import gin_flags, infer
+from speculative import infer
+from speculative.config import gin_flags
 from speculative.errors import JobError
 from speculative.measure import planner
 from tests import helpers

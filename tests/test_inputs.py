@@ -1,4 +1,4 @@
-"""speculative.inputs: reading examples (JSONL, TSV, HumanEval), tokenising, bucketing, padding."""
+"""speculative.data.inputs: reading examples (JSONL, TSV, HumanEval), tokenising, bucketing, padding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from speculative import inputs
+from speculative.data import inputs
 from speculative.errors import JobError
 
 # ------------------------------------------------------------------------------------------------

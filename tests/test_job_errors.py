@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative import benchmark, gin_flags, infer, job_io
-from speculative import model_loading as ml
+from speculative import benchmark, infer
+from speculative.config import gin_flags
 from speculative.errors import JobError
+from speculative.loading import specs as ml
+from speculative.outputs import job_io
 from tests import gguf_testutil as gt
 from tests import helpers
 
@@ -155,7 +157,7 @@ def test_num_examples_must_be_none_or_positive(tmp_path, value):
 
 _HOLD_LOCK = """
 import sys, time
-from speculative import job_io
+from speculative.outputs import job_io
 with job_io.lock_output_dir(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(120)

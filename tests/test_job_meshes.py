@@ -16,9 +16,13 @@ import pathlib
 import jax
 import pytest
 
-from speculative import benchmark, gin_flags, infer, job_spmd, partitioning, sharded_checkpoints
+from speculative import benchmark, infer
+from speculative.checkpoints import sharded as sharded_checkpoints
 from speculative.checkpoints import t5x
+from speculative.config import gin_flags
+from speculative.jobs import spmd as job_spmd
 from speculative.models import t5
+from speculative.parallel import partitioning
 from tests import helpers
 
 pytestmark = helpers.needs_host_devices("tests/test_job_spmd.py")

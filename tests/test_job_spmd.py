@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from speculative import infer, job_spmd
+from speculative import infer
+from speculative.jobs import spmd as job_spmd
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, inputs, model_loading
+from speculative import decoding
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
-from speculative.models import base, decoder, precision
-from speculative.sampling import SamplingConfig
+from speculative.loading import specs as model_loading
+from speculative.models import base, decoder, gemma, precision
 from tests import helpers
 
 AMX = frozenset({"fpu", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from speculative import partitioning
 from speculative.measure import memory
 from speculative.models import base
+from speculative.parallel import partitioning
 from tests.helpers import tiny_decoder_model
 
 MESH_2x4 = {"data": 2, "model": 4}

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from speculative import metrics
+from speculative.measure import metrics
 
 
 def test_expected_tokens_and_speedup_match_paper_formulas():

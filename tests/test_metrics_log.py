@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speculative import job_io
+from speculative.outputs import job_io
 
 RECORDS = [{"step": s, "loss": 1.0 / s} for s in (10, 20, 30)]
 

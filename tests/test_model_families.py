@@ -11,10 +11,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from speculative import model_loading as ml
 from speculative.checkpoints import families, hf_config, hf_decoder
 from speculative.drafts import registry
 from speculative.errors import JobError
+from speculative.loading import specs as ml
 from speculative.models import decoder, t5
 from speculative.models.gemma import GemmaConfig, GemmaLM
 from tests import helpers

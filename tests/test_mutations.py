@@ -1,6 +1,6 @@
 """Mutation check: the exactness tests fail on a wrong acceptance rule.
 
-`speculative.sampling.verify_detailed` (the accept test, the residual and the bonus token of
+`speculative.decoding.sampling.verify_detailed` (the accept test, the residual and the bonus token of
 Leviathan et al. 2023, Algorithm 1) is replaced by a copy with one deliberate error, everywhere the
 package holds it (the decode loop reads it through `decoding.acceptance` when traced), JAX's caches
 are cleared, and the same check functions the exactness tests run must raise AssertionError. The unmutated copy must first
@@ -38,9 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import sampling
-from speculative.decoding import acceptance
-from speculative.sampling import SamplingConfig
+from speculative.decoding import acceptance, sampling
+from speculative.decoding.sampling import SamplingConfig
 from tests.test_decoding import check_sampled_sequences_follow_target
 from tests.test_sampling import check_verify_output_matches_target
 

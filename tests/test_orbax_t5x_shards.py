@@ -19,10 +19,12 @@ import pytest
 import tensorstore as ts
 from flax import traverse_util
 
-from speculative import model_loading, partitioning, sharded_checkpoints
 from speculative.checkpoints import load_t5x
+from speculative.checkpoints import sharded as sharded_checkpoints
 from speculative.errors import JobError
+from speculative.loading import specs as model_loading
 from speculative.models import t5
+from speculative.parallel import partitioning
 from tests import helpers
 
 ocp = pytest.importorskip("orbax.checkpoint", reason="orbax-checkpoint is not installed")

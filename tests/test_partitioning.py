@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from speculative import partitioning
 from speculative.models import t5
 from speculative.models.base import decode_state_axes
+from speculative.parallel import partitioning
 from tests import helpers
 
 MESH_2x4 = {"data": 2, "model": 4}

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import speculative
-from speculative import pipeline
 from speculative.errors import JobError
+from speculative.notebook import pipeline
 from tests.helpers import tiny_decoder_model
 
 BYTES = speculative.VocabSpec("byte", extra_ids=0)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from speculative import decoding, metrics
+from speculative import decoding
 from speculative.drafts import prompt_lookup
-from speculative.measure import planner
+from speculative.measure import metrics, planner
 from tests import helpers
 
 VERIFY = {1: 1.0, 2: 1.1, 3: 1.15, 4: 1.2, 5: 1.25, 6: 1.3, 7: 1.45, 8: 1.5}

@@ -1,5 +1,5 @@
-"""speculative.provenance: the commit and dirty flag of the checkout holding the code, null (never
-an error) outside one; speculative.logs: one handler however often a job sets it up."""
+"""speculative.outputs.provenance: the commit and dirty flag of the checkout holding the code, null (never
+an error) outside one; speculative.outputs.logs: one handler however often a job sets it up."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import speculative
-from speculative import logs, provenance
+from speculative.outputs import logs, provenance
 from tests import helpers
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

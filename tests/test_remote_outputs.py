@@ -21,19 +21,13 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
-from speculative import (
-    benchmark_report,
-    chunk_store,
-    gin_flags,
-    infer,
-    job_io,
-    job_spmd,
-    store_lock,
-    train,
-    train_head,
-)
+from speculative import infer, train, train_head
+from speculative.config import gin_flags
 from speculative.errors import JobError
-from speculative.storage import OutputDir
+from speculative.jobs import spmd as job_spmd
+from speculative.measure import report as benchmark_report
+from speculative.outputs import chunk_store, job_io, store_lock
+from speculative.outputs.storage import OutputDir
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -85,7 +79,8 @@ _RUN_ON_TESTSTORE = """
 import sys, fsspec
 from tests.test_remote_outputs import NoAppendFileSystem
 fsspec.register_implementation("teststore", NoAppendFileSystem, clobber=True)
-from speculative import gin_flags, infer
+from speculative import infer
+from speculative.config import gin_flags
 sys.exit(gin_flags.run_job(infer.main, sys.argv[1:]))
 """
 

@@ -13,9 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import decoding, inputs
+from speculative import decoding
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from speculative.measure import runner
-from speculative.sampling import SamplingConfig
 from tests.helpers import tiny_decoder
 
 CONFIG = decoding.DecodeConfig(max_decode_len=6, stop_ids=(1,), sampling=SamplingConfig(1.0))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speculative import sampling
-from speculative.sampling import SamplingConfig
+from speculative.decoding import sampling
+from speculative.decoding.sampling import SamplingConfig
 
 V = 10
 TARGET = jnp.asarray(

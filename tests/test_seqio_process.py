@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from speculative.errors import JobError
-from speculative.job_config import seqio_tasks_module
+from speculative.jobs.config import seqio_tasks_module
 from tests import helpers
 
 
@@ -26,6 +26,6 @@ def test_seqio_tests_in_a_tensorflow_process(tmp_path):
 
 def test_task_name_without_seqio_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "seqio", None)  # makes `import seqio` fail, as when absent
-    monkeypatch.delitem(sys.modules, "speculative.seqio_tasks", raising=False)
+    monkeypatch.delitem(sys.modules, "speculative.data.seqio_tasks", raising=False)
     with pytest.raises(JobError, match=r"needs the seqio extra.*pip install"):
         seqio_tasks_module()

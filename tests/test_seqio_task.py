@@ -13,8 +13,9 @@ import pathlib
 
 import pytest
 
-from speculative import ende_data, infer
-from speculative.job_config import seqio_tasks_module
+from speculative import infer
+from speculative.jobs.config import seqio_tasks_module
+from speculative.recipes.ende import data as ende
 from tests import helpers
 
 pytestmark = helpers.in_tensorflow_process()
@@ -102,12 +103,12 @@ def test_seqio_task_over_the_splits(tmp_path):
         tuple(line.split("\t"))
         for line in (ROOT / "tests/data/en_de_pairs.tsv").read_text().splitlines()
     ]
-    counts = ende_data.write_splits(pairs, tmp_path)
-    model = ende_data.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)
+    counts = ende.write_splits(pairs, tmp_path)
+    model = ende.train_sentencepiece(tmp_path / "train.tsv", tmp_path / "spm", 150)
     name = seqio_tasks_module().add_ende_task(str(tmp_path), str(model), name="test_ende_mini")
     task = seqio.get_mixture_or_task(name)
     vocabulary = task.output_features["inputs"].vocabulary
-    for split in ende_data.SPLITS:
+    for split in ende.SPLITS:
         examples = list(task.get_dataset(None, split=split, shuffle=False).as_numpy_iterator())
         assert len(examples) == counts[split]
     heldout = list(task.get_dataset(None, split="heldout", shuffle=False).as_numpy_iterator())

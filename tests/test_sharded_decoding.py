@@ -13,11 +13,13 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from speculative import decoding, distributed, partitioning, sharded_checkpoints
+from speculative import decoding
 from speculative.checkpoints import load_t5x
+from speculative.checkpoints import sharded as sharded_checkpoints
+from speculative.decoding.sampling import SamplingConfig
 from speculative.measure import memory
 from speculative.models import base, t5
-from speculative.sampling import SamplingConfig
+from speculative.parallel import distributed, partitioning
 from tests import helpers
 
 pytestmark = helpers.needs_host_devices("tests/test_spmd.py")

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, partitioning
+from speculative import decoding
 from speculative.models.gemma import GemmaConfig, GemmaLM
+from speculative.parallel import partitioning
 from tests import helpers
 
 pytestmark = helpers.needs_host_devices("tests/test_spmd.py")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from speculative import decoding, vocab
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import shortlist
 from speculative.models import decoder
-from speculative.sampling import SamplingConfig
 from tests import helpers
 
 V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, batch: conftest.py

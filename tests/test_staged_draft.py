@@ -15,9 +15,9 @@ import pytest
 from speculative import decoding
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext
+from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import staged
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
 from tests import helpers
 
 V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py

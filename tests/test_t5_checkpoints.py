@@ -177,7 +177,8 @@ def test_t5x_all_chunks_missing(tmp_path, params):
 
 
 def test_t5x_sharded_reader_refuses_missing_chunks(tmp_path, params):
-    from speculative import partitioning, sharded_checkpoints
+    from speculative.checkpoints import sharded as sharded_checkpoints
+    from speculative.parallel import partitioning
 
     write_t5x_checkpoint(tmp_path, params)
     (tmp_path / QUERY_DIR / "0.1").unlink()

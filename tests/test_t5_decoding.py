@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, sampling
+from speculative import decoding
+from speculative.decoding import sampling
 from tests import helpers
 
 EOS = 1

@@ -1,4 +1,4 @@
-"""Token trees (decoding/tree.py, tree_verification.py, tree attention in models/base.py) are exact.
+"""Token trees (decoding/tree.py, decoding/acceptance/tree.py, tree attention in models/base.py) are exact.
 
 - Tree attention: one call scoring a tree gives every node the logits of its own path decoded
   causally (decoder-only and T5), and `keep_path` leaves a cache that continues like the path's.
@@ -19,14 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, job_config, tree_verification
+from speculative import decoding
 from speculative.decoding import acceptance
+from speculative.decoding.acceptance import tree as tree_rule
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape, siblings
 from speculative.drafts.ngram import NgramDrafter
 from speculative.drafts.prompt_lookup import PromptLookupDrafter
 from speculative.errors import JobError
+from speculative.jobs import config as job_config
 from speculative.models import base
-from speculative.sampling import SamplingConfig
 from tests import helpers
 from tests.test_decoding import check_sampled_sequences_follow_target
 
@@ -210,7 +212,7 @@ def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=N
     target_logits = np.stack(
         [np.stack([_log(p[pre]) for pre in prefix[j]]) for j in range(tree.size + 1)], axis=1
     )
-    path, n, nxt, _, _ = (verify or tree_verification.verify_tree)(
+    path, n, nxt, _, _ = (verify or tree_rule.verify_tree)(
         jax.random.PRNGKey(seed + 1), jnp.asarray(target_logits, jnp.float32),
         jnp.asarray(log_q), jnp.asarray(tokens), _T1, tree.children, tree.depth,
     )  # fmt: skip
@@ -261,7 +263,7 @@ def test_broken_tree_rules_are_caught(monkeypatch):
     assert helpers.chi_square_pvalue(samples, exact) < 1e-6
 
     # A residual that is not updated after a rejected sibling (the next sibling tested against p).
-    # Patched where the tree rule reads it (tree_verification re-exports it).
+    # Patched where the tree rule reads it (decoding/acceptance/residual.py).
     monkeypatch.setattr(acceptance.residual, "residual_after_rejection", lambda p, q: p)
     samples, _ = _round_then_complete(tree, p, q, "sampled", seed=11)
     monkeypatch.undo()

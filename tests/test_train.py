@@ -8,9 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from speculative import checkpoints, summaries, train
+from speculative import checkpoints, train
 from speculative.checkpoints import t5x_write
+from speculative.jobs.train import run as trainer
 from speculative.models import t5
+from speculative.outputs import summaries
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -111,7 +113,7 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(trained, tmp_path):
 def _config():
     import gin
 
-    from speculative import configurables
+    from speculative.config import configurables
 
     gin.clear_config()
     return configurables.build_model([GIN], [f"OUTPUT_DIR='{ROOT}'"]).config
@@ -137,7 +139,7 @@ TEACHER = [
 def _student_teacher_kl(student_dir, teacher_dir):
     import dataclasses
 
-    from speculative import model_loading
+    from speculative.loading import specs as model_loading
 
     teacher_cfg = _config()
     student_cfg = dataclasses.replace(
@@ -147,14 +149,14 @@ def _student_teacher_kl(student_dir, teacher_dir):
     tp = checkpoints.load_t5x(str(teacher_dir / "checkpoint_40"), teacher_cfg)
     sp = checkpoints.load_t5x(str(student_dir / "checkpoint_30"), student_cfg)
     vocabulary = model_loading.load_vocabulary(model_loading.VocabSpec(kind="byte"))
-    examples = train.encode(
-        train.read_pairs(DATA),
+    examples = trainer.encode(
+        trainer.read_pairs(DATA),
         vocabulary,
         "translate English to German: ",
         LENGTHS,
     )
-    batch = train.make_batch(examples, np.arange(len(examples.inputs)))
-    kl = train.token_kl(
+    batch = trainer.make_batch(examples, np.arange(len(examples.inputs)))
+    kl = trainer.token_kl(
         teacher.forward(tp, batch["inputs"], batch["decoder_inputs"]),
         student.forward(sp, batch["inputs"], batch["decoder_inputs"]),
     )
@@ -179,10 +181,10 @@ def test_token_level_distillation_moves_the_student_towards_its_teacher(trained,
 
 
 def test_batches_cover_an_epoch_and_a_tiny_dataset_is_cycled():
-    examples = train.Examples(np.ones((10, 8), np.int32), np.ones((10, 8), np.int32))
-    epoch = np.concatenate([train.batch_indices(examples, 4, 0, step) for step in (0, 1)])
+    examples = trainer.Examples(np.ones((10, 8), np.int32), np.ones((10, 8), np.int32))
+    epoch = np.concatenate([trainer.batch_indices(examples, 4, 0, step) for step in (0, 1)])
     assert len(set(epoch.tolist())) == 8  # two batches of 4 distinct examples per epoch
-    small = train.batch_indices(examples, 16, 0, 3)
+    small = trainer.batch_indices(examples, 16, 0, 3)
     assert small.shape == (16,) and set(small.tolist()) == set(range(10))
 
 
@@ -192,11 +194,13 @@ def test_distillation_loss_is_the_teacher_student_kl():
     rng = np.random.default_rng(0)
     teacher = rng.normal(size=(2, 3, 8)).astype(np.float32)
     student = rng.normal(size=(2, 3, 8)).astype(np.float32)
-    np.testing.assert_allclose(train.token_kl(teacher, teacher), 0.0, atol=1e-6)
+    np.testing.assert_allclose(trainer.token_kl(teacher, teacher), 0.0, atol=1e-6)
     p = np.exp(teacher) / np.exp(teacher).sum(-1, keepdims=True)
     q = np.exp(student) / np.exp(student).sum(-1, keepdims=True)
     np.testing.assert_allclose(
-        train.token_kl(teacher, student), (p * np.log(p / q)).sum(-1), rtol=1e-5
+        trainer.token_kl(teacher, student), (p * np.log(p / q)).sum(-1), rtol=1e-5
     )
     padded = np.concatenate([student, np.full((2, 3, 4), -1e9, np.float32)], -1)
-    np.testing.assert_allclose(train.token_kl(teacher, padded), train.token_kl(teacher, student))
+    np.testing.assert_allclose(
+        trainer.token_kl(teacher, padded), trainer.token_kl(teacher, student)
+    )

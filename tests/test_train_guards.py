@@ -13,10 +13,12 @@ import threading
 
 import pytest
 
-from speculative import job_io, train
+from speculative import train
 from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
 from speculative.jobs.train import guards
+from speculative.jobs.train import run as trainer
+from speculative.outputs import job_io
 from tests.test_train import DATA, GIN, LENGTHS
 
 QUICK = [
@@ -33,8 +35,8 @@ def _run(out, steps, *extra):
     return train.main([*argv, "--gin.VALIDATION_FILE=None", f"--gin.STEPS={steps}", *QUICK, *extra])
 
 
-def _cfg(**overrides) -> train.TrainConfig:
-    base = train.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir="/unused")
+def _cfg(**overrides) -> trainer.TrainConfig:
+    base = trainer.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir="/unused")
     return dataclasses.replace(base, **overrides)
 
 
@@ -107,7 +109,7 @@ def test_a_tokenizer_wider_than_the_model_is_refused(tmp_path):
 
 
 def test_a_tilde_in_output_dir_is_expanded(tmp_path, monkeypatch):
-    from speculative.storage import OutputDir
+    from speculative.outputs.storage import OutputDir
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert job_io.prepare_output_dir("~/runs/a") == tmp_path / "runs/a"

@@ -14,11 +14,13 @@ import numpy as np
 import optax
 import pytest
 
-from speculative import checkpoints, job_io, train
+from speculative import checkpoints, train
 from speculative.checkpoints import t5x_write
 from speculative.errors import JobError
 from speculative.jobs.train import guards, objective, retention
+from speculative.jobs.train import run as trainer
 from speculative.models import t5
+from speculative.outputs import job_io
 from tests import helpers
 from tests.test_train import DATA, GIN
 
@@ -44,16 +46,16 @@ def test_dropout_changes_training_passes_only():
     np.testing.assert_array_equal(a, a2)  # a function of the rng alone
     # the trainer's step: dropout changes its loss, with masks that are a function of the step
     batch = {"inputs": ENC, "decoder_inputs": DEC, "targets": jnp.roll(DEC, -1, axis=1)}
-    cfg = train.TrainConfig(model=None, vocabulary=None, train_file="", output_dir="", seed=5)
+    cfg = trainer.TrainConfig(model=None, vocabulary=None, train_file="", output_dir="", seed=5)
     optimizer = optax.sgd(0.0)
 
-    steps = {m: train.make_train_step(m, optimizer, cfg=cfg) for m in (plain, dropped)}
+    steps = {m: trainer.make_train_step(m, optimizer, cfg=cfg) for m in (plain, dropped)}
 
     def loss(model, step):
         health = jnp.asarray(-1, jnp.int32)
         return float(steps[model](params, optimizer.init(params), batch, None, health, step)[2])
 
-    assert train.loss_fn(params, dropped, batch) == loss(plain, 1) == loss(plain, 2)
+    assert trainer.loss_fn(params, dropped, batch) == loss(plain, 1) == loss(plain, 2)
     assert loss(dropped, 1) != loss(plain, 1)
     assert loss(dropped, 1) == loss(dropped, 1) != loss(dropped, 2)
 
@@ -99,13 +101,13 @@ def test_label_smoothing_and_z_loss_against_hand_computed_values():
 
 
 def test_rsqrt_schedule_is_t5x_constant_times_rsqrt_decay():
-    rsqrt = train.learning_rate_schedule(1.0, 100, "rsqrt")
+    rsqrt = trainer.learning_rate_schedule(1.0, 100, "rsqrt")
     rates = [float(rsqrt(s)) for s in (0, 50, 100, 400, 10_000)]
     assert rates == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.01])  # 1/sqrt(max(step, 100))
-    constant = train.learning_rate_schedule(1e-2, 10)  # the default, as before
+    constant = trainer.learning_rate_schedule(1e-2, 10)  # the default, as before
     assert [float(constant(s)) for s in (0, 5, 10, 500)] == pytest.approx([0, 5e-3, 1e-2, 1e-2])
     with pytest.raises(ValueError, match="schedule must be one of"):
-        train.learning_rate_schedule(1.0, 10, "cosine")
+        trainer.learning_rate_schedule(1.0, 10, "cosine")
 
 
 def _save(out, step):
@@ -186,7 +188,7 @@ def test_a_stopped_regularised_run_matches_an_uninterrupted_one(tmp_path):
 
 def test_the_fingerprint_refuses_a_changed_regularisation_but_not_more_steps(tmp_path):
     model = t5.T5(helpers.tiny_t5_config(384))
-    base = train.TrainConfig(model=model, vocabulary=None, train_file=DATA, output_dir="/unused")
+    base = trainer.TrainConfig(model=model, vocabulary=None, train_file=DATA, output_dir="/unused")
     recorded = guards.fingerprint(base)
     # the defaults add nothing: a run fingerprinted before these settings existed still resumes
     assert not {"schedule", "label_smoothing", "z_loss", "dropout_rate"} & set(recorded)
@@ -218,7 +220,7 @@ def test_the_fingerprint_refuses_a_changed_regularisation_but_not_more_steps(tmp
     ],
 )
 def test_regularisation_settings_that_cannot_work_are_refused(overrides, message):
-    base = train.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir="/unused")
+    base = trainer.TrainConfig(model=None, vocabulary=None, train_file=DATA, output_dir="/unused")
     with pytest.raises(JobError, match=message):
         guards.validate(dataclasses.replace(base, **overrides))
     with pytest.raises(ValueError, match="dropout_rate must be in"):

@@ -19,7 +19,7 @@ import pytest
 from speculative import decoding
 from speculative.decoding import TreeShape, acceptance
 from speculative.decoding.acceptance import traversal
-from speculative.sampling import SamplingConfig
+from speculative.decoding.sampling import SamplingConfig
 from tests import helpers
 from tests.test_block_verification import block_outcomes
 from tests.test_decoding import check_sampled_sequences_follow_target

@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative import decoding, tree_verification
+from speculative import decoding
+from speculative.decoding.acceptance import tree as tree_rule
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.measure import planner, tree_planner
-from speculative.sampling import SamplingConfig
 from tests import helpers
 
 NONE = 3  # outcome "the target's token is none of the siblings"
@@ -41,7 +42,7 @@ def _walk(shape: TreeShape, outcomes):
     """The real greedy tree rule on every outcome: (accepted [B], path [B, D], tested [B, D])."""
     tokens, logits = _rows(shape, outcomes)
     log_q = jnp.zeros((*tokens.shape, logits.shape[-1]))  # unread at temperature 0
-    path, n, _, _, tested = tree_verification.verify_tree(
+    path, n, _, _, tested = tree_rule.verify_tree(
         jax.random.PRNGKey(0), logits, log_q, tokens, SamplingConfig(), shape.children, shape.depth
     )
     return np.asarray(n), np.asarray(path), np.asarray(tested)

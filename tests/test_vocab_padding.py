@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from speculative import decoding, vocab
-from speculative import model_loading as ml
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
+from speculative.loading import specs as ml
 from tests import helpers
 
 USED, EOS, SEQ_LEN, N = 6, 5, 3, 12_000

@@ -27,14 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.checkpoints import families, validation
-from speculative.gguf_io import metadata_value, open_gguf, reader_path
+from speculative.checkpoints.gguf_io import metadata_value, open_gguf, reader_path
 from speculative.models.decoder import DecoderConfig
 
 # The architectures of the LLaMA layout ('decoder' family); families.gguf_architectures() has all.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
-# Quantisation types the loader accepts (all that the files of speculative/fetch.py use, plus the
-# other plain types gguf-py can dequantise).
+# Quantisation types the loader accepts (all that the files of speculative/loading/fetch.py use,
+# plus the other plain types gguf-py can dequantise).
 _TYPE_NAMES = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K"
 SUPPORTED_TYPES = frozenset(gguf.GGMLQuantizationType[name] for name in _TYPE_NAMES.split())
 

@@ -13,10 +13,10 @@ from speculative.decoding.config import DecodeConfig, GammaPolicy
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import as_drafter
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.state import DecodeOutput
 from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
-from speculative.sampling import SamplingConfig
 
 
 def autoregressive_decode(

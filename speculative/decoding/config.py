@@ -12,11 +12,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import inputs
+from speculative.data import inputs
 from speculative.decoding import acceptance
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
-from speculative.sampling import SamplingConfig
 
 
 def _is_int(x: Any) -> bool:

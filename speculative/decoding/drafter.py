@@ -22,7 +22,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from speculative.sampling import SamplingConfig, process_logits
+from speculative.decoding.sampling import SamplingConfig, process_logits
 
 
 @flax.struct.dataclass

@@ -25,6 +25,7 @@ from speculative.decoding import acceptance
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
 from speculative.decoding.model_drafter import as_drafter
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.state import (
     DecodeOutput,
     LoopState,
@@ -34,7 +35,6 @@ from speculative.decoding.state import (
 )
 from speculative.models import precision
 from speculative.models.base import LanguageModel, keep_path, write_rows
-from speculative.sampling import SamplingConfig, sample
 
 # ------------------------------------------------------------------------------------------------
 # Shared pieces: emitting a block of tokens, the final output, the loop itself.

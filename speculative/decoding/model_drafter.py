@@ -12,10 +12,10 @@ import jax.numpy as jnp
 from speculative.decoding.checks import check_pair, validate_batch
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter, draft_confidence
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.state import constrain, prefill
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
-from speculative.sampling import SamplingConfig, sample
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from speculative import inputs
+from speculative.data import inputs
 from speculative.decoding.config import DecodeConfig
 from speculative.models.base import DecodeState, LanguageModel
 

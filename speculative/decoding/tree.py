@@ -2,7 +2,7 @@
 
 A speculative round may propose a tree of candidates instead of a chain (docs/design.md §1, token
 trees): the target scores every node in one call (`models.base` tree attention), the tree rule
-(`tree_verification.verify_tree`) walks the longest accepted path, and the loop keeps that path's
+(`acceptance.tree.verify_tree`) walks the longest accepted path, and the loop keeps that path's
 cache entries. Shapes are static, so a tree is part of the compiled program.
 
 Nodes are numbered 1..N in breadth-first order (node 0 is the root: the round's `last` token);
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.sampling import SamplingConfig, greedy_tokens, process_logits
+from speculative.decoding.sampling import SamplingConfig, greedy_tokens, process_logits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,14 +48,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import inputs
+from speculative.data import inputs
 from speculative.decoding.checks import to_host, validate_batch
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
 from speculative.decoding.state import constrain, prefill
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
-from speculative.sampling import SamplingConfig, sample
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.vocab.cross_tables import CrossTables
 
 log = logging.getLogger(__name__)

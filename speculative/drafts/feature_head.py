@@ -33,6 +33,7 @@ import numpy as np
 from speculative.checkpoints import families, t5x, validation
 from speculative.checkpoints.t5x_write import checkpoint_steps
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import JobError
@@ -44,7 +45,6 @@ from speculative.models.feature_head import (
     output_logits,
     target_lm_head,
 )
-from speculative.sampling import SamplingConfig, sample
 
 log = logging.getLogger(__name__)
 

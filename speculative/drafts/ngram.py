@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import (
@@ -37,7 +38,6 @@ from speculative.errors import (
     expand,
     loader_error,
 )
-from speculative.sampling import SamplingConfig, sample
 
 log = logging.getLogger(__name__)
 

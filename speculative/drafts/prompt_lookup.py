@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape, by_node
 from speculative.drafts import registry
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
 
 
 def latest_match(ids: jax.Array, length: jax.Array, n: int) -> jax.Array:

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 
 from speculative.decoding.drafter import DraftContext, one_hot_logits
 from speculative.decoding.model_drafter import ModelDrafter
+from speculative.decoding.sampling import SamplingConfig, verify
 from speculative.drafts.prompt_lookup import continuation
 from speculative.models.base import DecodeState, write_rows
-from speculative.sampling import SamplingConfig, verify
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,14 +14,15 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from speculative import job_spmd, partitioning, vocab
-from speculative import model_loading as ml
+from speculative import vocab
 from speculative.decoding.config import DecodeConfig
 from speculative.drafts import cross_vocab
 from speculative.errors import JobError
-from speculative.job_io import hold_output_dir
-from speculative.measure.memory import array_bytes_per_device, param_bytes
-from speculative.models import base
+from speculative.jobs import spmd as job_spmd
+from speculative.loading import specs as ml
+from speculative.measure.memory import param_bytes, state_bytes
+from speculative.outputs.job_io import hold_output_dir
+from speculative.parallel import partitioning
 from speculative.vocab import cross_tables
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative import partitioning
 from speculative.models import base
+from speculative.parallel import partitioning
 
 GIB = 1024**3
 
@@ -263,7 +263,7 @@ def paper_configs(dtype: str = "bfloat16") -> dict[str, Any]:
     """T5 v1.1 XXL target and small / base / large drafts from configs/models/t5_1_1/*.gin."""
     import gin
 
-    from speculative import configurables
+    from speculative.config import configurables
 
     root = str(pathlib.Path(__file__).resolve().parents[2])  # includes are relative to the repo
     models = {}

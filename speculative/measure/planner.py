@@ -20,10 +20,10 @@ from typing import Any
 
 import jax
 
-from speculative import decoding, metrics
+from speculative import decoding
 from speculative.decoding import tree as tree_shape
 from speculative.decoding.drafter import Drafter
-from speculative.measure import timing
+from speculative.measure import metrics, timing
 
 
 @dataclasses.dataclass(frozen=True)

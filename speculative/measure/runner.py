@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import jax
 
-from speculative import decoding, inputs
+from speculative import decoding
+from speculative.data import inputs
 from speculative.decoding.drafter import Drafter
 from speculative.measure import timing
 from speculative.models import precision

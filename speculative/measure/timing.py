@@ -11,8 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative import inputs
-from speculative import sampling as sampling_lib
+from speculative.data import inputs
+from speculative.decoding import sampling as sampling_lib
 from speculative.models import precision
 
 

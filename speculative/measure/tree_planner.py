@@ -34,8 +34,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, metrics
-from speculative.measure import planner, timing
+from speculative import decoding
+from speculative.measure import metrics, planner, timing
 
 PROBE_WIDTH = 4  # W: siblings per depth in the probe; candidates use up to this many
 

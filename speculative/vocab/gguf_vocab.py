@@ -18,7 +18,7 @@ import jinja2
 import jinja2.sandbox
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from speculative.gguf_io import metadata_value, open_gguf
+from speculative.checkpoints.gguf_io import metadata_value, open_gguf
 
 _CONTROL, _USER_DEFINED = 3, 4
 

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from speculative.decoding.acceptance import block, token, traversal
 from speculative.decoding.acceptance.base import Rule, Support, Verdict
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
-from speculative.sampling import SamplingConfig
 
 __all__ = ["NAMES", "RULES", "Rule", "Support", "Verdict", "names", "rule", "verify"]
 

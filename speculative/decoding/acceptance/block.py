@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from speculative.decoding.acceptance.base import Rule, Support
 from speculative.decoding.acceptance.residual import rejection_residual, renormalised
-from speculative.sampling import SamplingConfig, categorical, process_logits, verify_greedy
+from speculative.decoding.sampling import SamplingConfig, categorical, process_logits, verify_greedy
 
 
 def prefix_weights(p_x: jax.Array, q_x: jax.Array) -> jax.Array:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from speculative.sampling import rejection_residual, renormalised
+from speculative.decoding.sampling import rejection_residual, renormalised
 
 __all__ = ["rejection_residual", "renormalised", "residual_after_rejection"]
 

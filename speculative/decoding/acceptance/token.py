@@ -8,7 +8,7 @@ tree's fixed shape).
 
 from __future__ import annotations
 
-from speculative import sampling
+from speculative.decoding import sampling
 from speculative.decoding.acceptance import tree
 from speculative.decoding.acceptance.base import Rule, Support
 

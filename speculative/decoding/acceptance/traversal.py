@@ -36,7 +36,7 @@ import numpy as np
 
 from speculative.decoding.acceptance import residual, tree
 from speculative.decoding.acceptance.base import Rule, Support
-from speculative.sampling import SamplingConfig, categorical, process_logits
+from speculative.decoding.sampling import SamplingConfig, categorical, process_logits
 
 
 def post_order(children: np.ndarray) -> list[tuple[int, int]]:

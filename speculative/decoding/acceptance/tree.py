@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.decoding.acceptance import residual
-from speculative.sampling import SamplingConfig, categorical, greedy_tokens, process_logits
+from speculative.decoding.sampling import SamplingConfig, categorical, greedy_tokens, process_logits
 
 
 def verify_tree(

@@ -14,13 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import decoding, inputs, metrics
-from speculative import model_loading as ml
-from speculative.job_config import Variant
+from speculative import decoding
+from speculative.data import inputs
 from speculative.jobs.benchmark.harness import Timed, prefill_key, time_cell
 from speculative.jobs.benchmark.points import Point, make_point
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
+from speculative.jobs.config import Variant
+from speculative.loading import specs as ml
+from speculative.measure import metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, inputs
+from speculative import decoding
+from speculative.data import inputs
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import runner, timing
-from speculative.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from speculative import job_spmd
+from speculative.jobs import spmd as job_spmd
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import timing

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from speculative import metrics
-from speculative.job_config import Variant
 from speculative.jobs.benchmark.harness import Timed
 from speculative.jobs.benchmark.settings import verify_tokens
-from speculative.measure import bootstrap
+from speculative.jobs.config import Variant
+from speculative.measure import bootstrap, metrics
 
 
 @dataclasses.dataclass(frozen=True)

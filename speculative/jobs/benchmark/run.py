@@ -12,16 +12,18 @@ from typing import Any
 
 import gin
 
-from speculative import benchmark_report, job_spmd, provenance, summaries
-from speculative import model_loading as ml
 from speculative.errors import JobError
-from speculative.job_config import BenchmarkConfig
 from speculative.jobs import common
+from speculative.jobs import spmd as job_spmd
 from speculative.jobs.benchmark import cells, harness, settings
 from speculative.jobs.benchmark.header import header
 from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
-from speculative.storage import OutputDir
+from speculative.jobs.config import BenchmarkConfig
+from speculative.loading import specs as ml
+from speculative.measure import report as benchmark_report
+from speculative.outputs import provenance, summaries
+from speculative.outputs.storage import OutputDir
 
 log = logging.getLogger(__name__)
 

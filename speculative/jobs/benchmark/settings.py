@@ -12,12 +12,13 @@ from typing import Any
 
 import gin
 
-from speculative import decoding, job_config
-from speculative import model_loading as ml
+from speculative import decoding
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError, output_location
-from speculative.job_config import BenchmarkConfig, Variant
 from speculative.jobs import common
-from speculative.sampling import SamplingConfig
+from speculative.jobs import config as job_config
+from speculative.jobs.config import BenchmarkConfig, Variant
+from speculative.loading import specs as ml
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import jax
 
-from speculative import inputs, vocab
-from speculative import model_loading as ml
+from speculative import vocab
+from speculative.data import inputs
 from speculative.jobs import common
 from speculative.jobs.benchmark.settings import Settings
+from speculative.loading import specs as ml
 from speculative.measure import memory
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,11 @@ from typing import Any
 
 import jax
 
-from speculative import inputs, job_spmd, seqio_inputs, vocab
+from speculative import vocab
+from speculative.data import inputs, seqio_inputs
+from speculative.data.inputs import Example
 from speculative.errors import JobError
-from speculative.inputs import Example
+from speculative.jobs import spmd as job_spmd
 from speculative.jobs.infer.settings import Inputs, Settings
 from speculative.measure import runner
 

@@ -12,16 +12,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from speculative import decoding, distributed, inputs, job_spmd, vocab
-from speculative import model_loading as ml
+from speculative import decoding, vocab
+from speculative.data import inputs
+from speculative.data.inputs import Example
 from speculative.errors import JobError
-from speculative.inputs import Example
-from speculative.job_io import ResultStore
 from speculative.jobs import common
+from speculative.jobs import spmd as job_spmd
 from speculative.jobs.infer.batches import invalid_batch, job_batches
 from speculative.jobs.infer.rows import RunStats, output_rows, pool_rows
 from speculative.jobs.infer.settings import Settings
+from speculative.loading import specs as ml
 from speculative.measure import memory, runner, timing
+from speculative.outputs.job_io import ResultStore
+from speculative.parallel import distributed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from speculative.errors import JobError
 from speculative.jobs.infer.batches import JobBatch, invalid_batch, job_batches
 from speculative.jobs.infer.settings import Settings
 from speculative.measure import planner, runner, tree_planner
-from speculative.storage import OutputDir
+from speculative.outputs.storage import OutputDir
 
 PLAN = "plan.json"
 

@@ -10,9 +10,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, inputs, metrics, vocab
-from speculative.inputs import Example
+from speculative import decoding, vocab
+from speculative.data import inputs
+from speculative.data.inputs import Example
 from speculative.jobs.infer.settings import Settings, describe, policy_fields
+from speculative.measure import metrics
 
 
 def output_rows(

@@ -15,15 +15,19 @@ from typing import Any
 import gin
 import jax
 
-from speculative import distributed, inputs, job_spmd, provenance, vocab
-from speculative import model_loading as ml
-from speculative.inputs import Example
-from speculative.job_config import InferConfig
-from speculative.job_io import ResultStore, open_result_store
+from speculative import vocab
+from speculative.data import inputs
+from speculative.data.inputs import Example
 from speculative.jobs import common
+from speculative.jobs import spmd as job_spmd
+from speculative.jobs.config import InferConfig
 from speculative.jobs.infer import batches, decode, plan, rows, settings
 from speculative.jobs.infer.settings import Settings
+from speculative.loading import specs as ml
 from speculative.measure import planner, tree_planner
+from speculative.outputs import provenance
+from speculative.outputs.job_io import ResultStore, open_result_store
+from speculative.parallel import distributed
 
 log = logging.getLogger(__name__)
 

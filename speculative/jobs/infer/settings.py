@@ -9,15 +9,16 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from speculative import decoding, job_config, vocab
-from speculative import model_loading as ml
+from speculative import decoding, vocab
+from speculative.data.inputs import Example
+from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError, output_location
-from speculative.inputs import Example
-from speculative.job_config import InferConfig
-from speculative.job_io import examples_digest
 from speculative.jobs import common
+from speculative.jobs import config as job_config
+from speculative.jobs.config import InferConfig
+from speculative.loading import specs as ml
 from speculative.measure import planner
-from speculative.sampling import SamplingConfig
+from speculative.outputs.job_io import examples_digest
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from speculative import model_loading as ml
 from speculative import vocab as vocab_lib
 from speculative.errors import JobError, check_slot
 from speculative.jobs.train import objective
+from speculative.loading import specs as ml
 from speculative.models import t5
 
 FINGERPRINT = "train_job.json"

@@ -20,9 +20,9 @@ import shutil
 from collections.abc import Iterable
 from typing import Any
 
-from speculative import job_io
 from speculative.checkpoints import t5x_write
 from speculative.checkpoints.best import BEST
+from speculative.outputs import job_io
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from speculative.drafts import shortlist
 from speculative.errors import JobError
-from speculative.job_io import write_text_atomic
+from speculative.outputs.job_io import write_text_atomic
 
 HELD_OUT_EVERY = 10  # every tenth source file is held out
 

@@ -16,24 +16,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import model_loading as ml
-from speculative import provenance, summaries
 from speculative import vocab as vocab_lib
 from speculative.checkpoints import families, t5x_write
 from speculative.drafts import feature_head as head_draft
 from speculative.drafts import shortlist
 from speculative.errors import JobError, output_location
-from speculative.job_io import (
+from speculative.jobs.common import check_required
+from speculative.jobs.train_head import data
+from speculative.jobs.train_head import train as head_train
+from speculative.loading import specs as ml
+from speculative.models.feature_head import FeatureHead, FeatureHeadConfig, target_lm_head
+from speculative.outputs import provenance, summaries
+from speculative.outputs.job_io import (
     check_fingerprint,
     keep_records_up_to,
     lock_output_dir,
     require_local,
     write_text_atomic,
 )
-from speculative.jobs.common import check_required
-from speculative.jobs.train_head import data
-from speculative.jobs.train_head import train as head_train
-from speculative.models.feature_head import FeatureHead, FeatureHeadConfig, target_lm_head
 
 log = logging.getLogger(__name__)
 

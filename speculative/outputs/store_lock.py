@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from speculative.errors import JobError
-from speculative.storage import OutputDir
+from speculative.outputs.storage import OutputDir
 
 LOCK = ".lock"
 HEARTBEAT_S, STALE_S = 30.0, 120.0  # on a store, where each beat is a put

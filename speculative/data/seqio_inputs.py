@@ -6,8 +6,8 @@ in); a missing extra is a one-line JobError saying how to install it.
 
 from __future__ import annotations
 
+from speculative.data.inputs import Example
 from speculative.errors import JobError
-from speculative.inputs import Example
 
 SEQIO_INSTALL = "pip install 'speculative[seqio]'  (or: pip install .[seqio] in the repository)"
 

@@ -19,9 +19,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from speculative import store_lock
 from speculative.errors import JobError
-from speculative.storage import OutputDir
+from speculative.outputs import store_lock
+from speculative.outputs.storage import OutputDir
 
 CHUNKS = "predictions"
 PREDICTIONS = "predictions.jsonl"

@@ -5,7 +5,7 @@ What to load is a cheap, hashable spec bound in gin (`speculative.ModelSpec`,
 touches weights, so a config can be checked (tests/test_all_gin_configs.py) without checkpoints.
 
 Formats (ModelSpec.format):
-  'gguf'    path: a .gguf file or a registry name of `speculative.fetch.MODELS` (fetched on first
+  'gguf'    path: a .gguf file or a registry name of `speculative.loading.fetch.MODELS` (fetched on first
             use); the architecture comes from the file, so `model` stays unbound.
   'hf'      path: a Hugging Face Llama / Qwen2 / Mistral / Gemma 2 / 3 directory (config.json +
             model.safetensors or a sharded index; never pickle); architecture from config.json.
@@ -39,8 +39,9 @@ import jax
 import jax.numpy as jnp
 
 from speculative import checkpoints as checkpoints  # registers every family
-from speculative import fetch, sharded_checkpoints, vocab
+from speculative import vocab
 from speculative.checkpoints import best, families
+from speculative.checkpoints import sharded as sharded_checkpoints
 from speculative.decoding.drafter import Drafter
 from speculative.drafts import registry, shortlist, staged
 from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
@@ -53,6 +54,7 @@ from speculative.errors import (
     loader_error,
     strip_path,
 )
+from speculative.loading import fetch
 from speculative.models import decoder, padding, precision
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 import gin
 
 from speculative import checkpoints as checkpoints  # registers every family
-from speculative import decoding, sampling
+from speculative import decoding
 from speculative.checkpoints import families
+from speculative.decoding import sampling
 
 for _name in families.names():
     gin.external_configurable(families.get(_name).config, module=_name)

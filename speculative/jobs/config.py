@@ -19,13 +19,19 @@ import gin
 # Imported for their gin registrations: job configs bind t5.*, decoder.*, sampling.*,
 # partitioning.create_partitioner, distributed.initialize and speculative.ModelSpec / VocabSpec,
 # so every job that parses a config imports this module.
-from speculative import configurables, distributed, model_loading, partitioning, seqio_inputs  # noqa: F401
+from speculative.config import configurables  # noqa: F401
+from speculative.data import seqio_inputs  # noqa: F401
 from speculative.decoding import GammaPolicy
 from speculative.decoding import acceptance as acceptance_rules
 from speculative.decoding.config import check_tree_settings
+from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
-from speculative.sampling import SamplingConfig
+from speculative.loading import specs as model_loading  # noqa: F401
+from speculative.parallel import (
+    distributed,  # noqa: F401
+    partitioning,  # noqa: F401
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +150,9 @@ def check_num_examples(value: Any) -> None:
 
 
 def seqio_tasks_module():
-    """speculative.seqio_tasks, or a JobError saying how to install seqio."""
+    """speculative.data.seqio_tasks, or a JobError saying how to install seqio."""
     seqio_inputs.require_seqio()
-    return importlib.import_module("speculative.seqio_tasks")
+    return importlib.import_module("speculative.data.seqio_tasks")
 
 
 @gin.configurable(module="speculative")

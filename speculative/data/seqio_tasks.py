@@ -1,8 +1,8 @@
 """seqio Task definitions for the jobs: the paper's Table 2 datasets and local TSV files.
 
 Imported only when seqio is installed (`pip install .[seqio]`); the jobs reach it through
-`speculative.job_config.seqio_tasks_module`, which explains how to install seqio when it is missing.
-Reading a registered Task's examples is `speculative.seqio_inputs.read_task`.
+`speculative.jobs.config.seqio_tasks_module`, which explains how to install seqio when it is missing.
+Reading a registered Task's examples is `speculative.data.seqio_inputs.read_task`.
 
 Table 2 tasks (TFDS sources; need TFDS data access, e.g. a Cloud TPU VM with gs://tfds-data or a
 prepared TFDS_DATA_DIR), with T5's preprocessing written out here (the `t5` package is not needed):

@@ -15,11 +15,11 @@
 - Every macro still bound to `%gin.REQUIRED` after parsing is an error naming the macros.
 - A problem the user can fix prints one line, `error: <role> <path>: <what is wrong>`, and exits
   with status 2; `--debug` prints the full traceback instead.
-- The job logs to stderr with timestamps and levels (`speculative.logs`); `--log_level=WARNING`
+- The job logs to stderr with timestamps and levels (`speculative.outputs.logs`); `--log_level=WARNING`
   keeps only warnings and errors.
 
 This module knows no job and registers no configurable: a job imports the modules whose
-configurables its gin files bind (e.g. `speculative.job_config`) before parsing. No absl: plain
+configurables its gin files bind (e.g. `speculative.jobs.config`) before parsing. No absl: plain
 argparse, so the jobs also run where absl is not installed.
 """
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import gin
 
-from speculative import logs
 from speculative.errors import JobError
+from speculative.outputs import logs
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -166,7 +166,7 @@ def parse_gin(
     """Clears gin, then parses files then bindings.
 
     Only configurables already registered can be bound: a job imports the modules that register
-    what its configs use (e.g. `speculative.job_config`, `speculative.configurables`) before this.
+    what its configs use (e.g. `speculative.jobs.config`, `speculative.config.configurables`) before this.
 
     Raises:
       JobError: unknown configurable or parameter, unreadable file, syntax error, or a macro left

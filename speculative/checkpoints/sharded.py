@@ -21,7 +21,7 @@ import numpy as np
 
 from speculative.checkpoints import orbax_t5x, t5x, validation
 from speculative.models import t5
-from speculative.partitioning import Partitioner
+from speculative.parallel.partitioning import Partitioner
 
 Index = tuple[slice, ...]
 

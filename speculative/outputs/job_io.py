@@ -1,4 +1,4 @@
-"""Resumable outputs of the jobs (their inputs are read by `speculative.inputs`).
+"""Resumable outputs of the jobs (their inputs are read by `speculative.data.inputs`).
 
 `predictions.jsonl`, one JSON object per example, identified by its input `index`.
 Rows are appended a finished batch at a time, flushed and fsynced. A job killed at any moment
@@ -28,11 +28,11 @@ import pathlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from speculative import store_lock
-from speculative.chunk_store import ChunkStore
+from speculative.data.inputs import Example
 from speculative.errors import JobError, is_remote
-from speculative.inputs import Example
-from speculative.storage import OutputDir, write_local_atomic
+from speculative.outputs import store_lock
+from speculative.outputs.chunk_store import ChunkStore
+from speculative.outputs.storage import OutputDir, write_local_atomic
 
 log = logging.getLogger(__name__)
 

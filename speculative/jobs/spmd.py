@@ -22,9 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import distributed, fetch, partitioning
 from speculative.errors import JobError, is_remote
-from speculative.storage import OutputDir
+from speculative.loading import fetch
+from speculative.outputs.storage import OutputDir
+from speculative.parallel import distributed, partitioning
 
 # ------------------------------------------------------------------------------------------------
 # Partitioner.

@@ -6,7 +6,7 @@ speculative decoding from strings, returning the texts and the run's statistics.
     out = pair.generate(["def fibonacci(n):"], max_new_tokens=64, gamma=5)
     out.texts[0], out.stats["alpha"], out.stats["tau"]
 
-A model is named by a registry name (`speculative.fetch.MODELS`), a .gguf file, a Hugging Face
+A model is named by a registry name (`speculative.loading.fetch.MODELS`), a .gguf file, a Hugging Face
 directory (config.json with safetensors: a decoder-only model, or T5), a T5X checkpoint directory
 (then give its architecture, `target_model=`, and `vocabulary=`), or a `speculative.ModelSpec`.
 The draft may also be a `speculative.DraftSpec` (prompt lookup, n-gram tables, layer skip, a
@@ -29,10 +29,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, fetch, inputs, job_config, logs, metrics, vocab
-from speculative import model_loading as ml
+from speculative import decoding, vocab
+from speculative.data import inputs
 from speculative.errors import JobError, check_slot
 from speculative.jobs import common
+from speculative.jobs import config as job_config
+from speculative.loading import fetch
+from speculative.loading import specs as ml
+from speculative.measure import metrics
+from speculative.outputs import logs
 
 
 def infer_format(source: str) -> str:

@@ -1,7 +1,7 @@
 """The jobs' log: stdlib `logging`, one handler on the "speculative" logger, set up once by each
 job's entry point (`gin_flags.configure_and_run`, and the main() of the argparse jobs).
 
-    2026-12-03 16:21:21,123 INFO speculative.model_loading: target: T5 ... (random weights)
+    2026-12-03 16:21:21,123 INFO speculative.loading.specs: target: T5 ... (random weights)
 
 Records go to stderr, through `tqdm.write`, so a progress bar on stderr is redrawn below a log
 line instead of being cut by it; stdout keeps what a job returns to its user (the benchmark's

@@ -18,7 +18,7 @@ import gin
 import jax
 import numpy as np
 
-from speculative.partitioning import Partitioner
+from speculative.parallel.partitioning import Partitioner
 
 
 @gin.configurable(module="distributed")

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from speculative import metrics
 from speculative.errors import JobError, read_result_json
-from speculative.storage import OutputDir
+from speculative.measure import metrics
+from speculative.outputs.storage import OutputDir
 
 PLOTS = ("speedup_vs_gamma.png", "speedup_vs_batch.png", "acceptance_by_position.png")
 

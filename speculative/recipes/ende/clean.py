@@ -1,4 +1,4 @@
-"""Cleaning and splitting of aligned English->German pairs (speculative/ende_sources.py reads
+"""Cleaning and splitting of aligned English->German pairs (speculative/recipes/ende/sources.py reads
 them, speculative/ende_data.py writes the corpus): pure functions over lists of Pairs.
 
 Per pair, in this order: a paragraph longer than SPLIT_ABOVE characters on either side is cut into
@@ -21,7 +21,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 
-from speculative.ende_sources import Pair
+from speculative.recipes.ende.sources import Pair
 
 SPLITS = ("train", "validation", "test")
 MIN_CHARS, MAX_CHARS, SPLIT_ABOVE, MAX_RATIO, MAX_COPIED = 15, 250, 150, 2.0, 0.6

@@ -1,0 +1,2 @@
+"""Measuring: timing and the benchmark runner, planners, bootstrap intervals, memory accounting,
+acceptance metrics (`metrics`) and the benchmark report (`report`)."""

@@ -1,0 +1,1 @@
+"""Data recipes: the scripted preparation of a corpus, one package each (`ende`)."""
