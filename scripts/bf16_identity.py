@@ -8,6 +8,7 @@ up to 128 new tokens, batch 1, through `decoding.autoregressive_decode` and
 `decoding.speculative_decode` (no job around them).
 
     .venv/bin/python scripts/bf16_identity.py 0,1,2,3,4,5,6,7,8,9
+    .venv/bin/python scripts/bf16_identity.py 100,101,102,103 --tree 2,1,1,1,1,1
 """
 
 import sys
@@ -18,11 +19,11 @@ import numpy as np
 from speculative import checkpoints, decoding, vocab
 from speculative.data import inputs
 from speculative.drafts import shortlist
-from speculative.models import decoder
 from speculative.loading import fetch
+from speculative.models import decoder
 
 
-def main(indices: list[int]) -> None:
+def main(indices: list[int], tree: tuple[int, ...] | None = None) -> None:
     path = fetch.ensure_model("qwen2.5-coder-1.5b")
     cfg, params = checkpoints.load_gguf(path, dtype=jnp.bfloat16)
     target = decoder.DecoderLM(cfg)
@@ -30,17 +31,27 @@ def main(indices: list[int]) -> None:
         fetch.ensure_model("qwen2.5-coder-0.5b"), dtype=jnp.bfloat16
     )
     v = vocab.from_gguf(path)
-    ids = inputs.tokenize(inputs.read_examples("humaneval", limit=10), v, encoder_decoder=False)
+    ids = inputs.tokenize(
+        inputs.read_examples("humaneval", limit=max(indices) + 1), v, encoder_decoder=False
+    )
     short = shortlist.for_prompts(v, 32768, ids, vocab_size=dcfg.vocab_size)
     dcfg, dparams = decoder.restrict_head(dcfg, dparams, short)
     draft = decoder.DecoderLM(dcfg)
     for i in indices:
-        batch = inputs.decoder_batch([ids[i]], pad_to=128)
+        batch = inputs.decoder_batch([ids[i]], pad_to=max(128, len(ids[i])))
         plain = decoding.autoregressive_decode(
             target, params, batch, max_decode_len=128, eos_id=v.stop_ids
         )
         spec = decoding.speculative_decode(
-            target, params, draft, dparams, batch, gamma=5, max_decode_len=128, eos_id=v.stop_ids
+            target,
+            params,
+            draft,
+            dparams,
+            batch,
+            gamma=None if tree else 5,
+            tree=tree,
+            max_decode_len=128,
+            eos_id=v.stop_ids,
         )
         a, b = np.asarray(plain.tokens[0]), np.asarray(spec.tokens[0])
         diff = np.nonzero(a != b)[0]
@@ -61,4 +72,10 @@ def main(indices: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(x) for x in sys.argv[1].split(",")])
+    args = sys.argv[1:]
+    shape = None
+    if "--tree" in args:
+        at = args.index("--tree")
+        shape = tuple(int(w) for w in args[at + 1].split(","))
+        del args[at : at + 2]
+    main([int(x) for x in args[0].split(",")], shape)

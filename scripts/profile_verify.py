@@ -92,13 +92,13 @@ def op_table(cfg: decoder.DecoderConfig, length: int, cache_fill: int, repeats: 
     matmul("logits (tied table)", v, e)
 
     # Attention over a filled cache: scores, mask, softmax, weighted sum (GQA, heads-major cache).
-    from speculative.models import base
+    from speculative.models import attention
 
     q = jnp.ones((1, length, h, d), jnp.float32)
     cache = jnp.ones((1, k, cache_fill + length, d), jnp.float32)
     positions = cache_fill + jnp.arange(length)[None]
-    mask = base.causal_cache_mask(positions, cache.shape[2])
-    attn = jax.jit(lambda q, kc, vc, mask: base.attend(q, kc, vc, mask, scale=d**-0.5))
+    mask = attention.causal_cache_mask(positions, cache.shape[2])
+    attn = jax.jit(lambda q, kc, vc, mask: attention.attend(q, kc, vc, mask, scale=d**-0.5))
     t = _median_seconds(attn, q, cache, cache, mask, repeats=repeats)
     kv_bytes = 2 * cache.nbytes
     rows.append(

@@ -3,6 +3,7 @@ the dot that takes the route (float32 accumulation, one row padded to two, row-c
 sums), the embedding gather that does not widen the table, and greedy identity in bfloat16."""
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -191,6 +192,64 @@ def test_a_verify_block_scores_every_position_as_plain_steps_do(dtype):
         return jnp.concatenate(out, axis=1)
 
     a, b = together(params, prompt, block), one_at_a_time(params, prompt, block)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# A tree in breadth-first order: 0 root; 1, 2 its children; 3 under 1, 4 under 2; 5 under 3.
+_PARENTS = (-1, 0, 0, 1, 2, 3)
+
+
+def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
+    tree = np.eye(len(parents), dtype=bool)
+    for i, parent in enumerate(parents):
+        while parent >= 0:
+            tree[i, parent], parent = True, parents[parent]
+    return tree
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("family", ["decoder", "gemma"])
+def test_a_tree_scores_every_token_as_plain_steps_along_its_path_do(dtype, family):
+    """Tree identity rests on this: each token of a tree scored in one call gets, bit for bit, the
+    logits of plain steps along its own path (models/attention.py: path views, each token a row
+    of its own), compiled as the decode loops are. The decoder has Qwen2.5-1.5B's attention
+    widths: there, batching the tree's tokens as one more product dimension still missed plain
+    steps by a last bit in bfloat16; an ancestor mask over the tree-ordered slots missed in
+    float32 (the small Gemma) as well."""
+    if family == "decoder":
+        config = decoder.DecoderConfig(
+            vocab_size=211, emb_dim=1536, num_layers=1, num_heads=12, num_kv_heads=2,
+            head_dim=128, mlp_dim=256, qkv_bias=True, dtype=dtype,
+        )  # fmt: skip
+        model = decoder.DecoderLM(config)
+    else:  # a sliding window shorter than the prompts, soft-capped attention, q/k norms
+        config = gemma.GemmaConfig(211, 128, 2, 4, 2, 32, 256, sliding_window=6, qk_norm=True,
+                                   attn_softcap=50.0, local_layers=(True, False), dtype=dtype)  # fmt: skip
+        model = gemma.GemmaLM(config)
+    params = model.init_params(jax.random.PRNGKey(4))
+    params = jax.tree.map(lambda x: x.astype(dtype) if x.ndim > 1 else x, params)
+    prompt = helpers.ragged_prompts(5, batch=2, width=9, vocab=211)["prompt"]
+    tree = jnp.asarray([[7, 19, 3, 88, 41, 5], [2, 2, 150, 9, 61, 33]], jnp.int32)
+    ancestors = _ancestors(_PARENTS)
+    jit = functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)
+
+    def prefilled(params, prompt):
+        state = model.init_state(params, {"prompt": prompt}, 48)
+        return model.extend(params, state, prompt)[1]
+
+    together = jit(lambda p, x, t: model.extend(p, prefilled(p, x), t, ancestors)[0])
+
+    @jit
+    def along_paths(params, prompt, tree):
+        out = []
+        for i in range(tree.shape[1]):  # plain steps along token i's path
+            state = prefilled(params, prompt)
+            for j in np.nonzero(ancestors[i])[0]:
+                logits, state = model.extend(params, state, tree[:, j : j + 1])
+            out.append(logits)
+        return jnp.concatenate(out, axis=1)
+
+    a, b = together(params, prompt, tree), along_paths(params, prompt, tree)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

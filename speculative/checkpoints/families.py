@@ -6,7 +6,7 @@ translation from `config.json` and its tensor-name map (both None for a family t
 not read), the GGUF `general.architecture`s it reads with their metadata translation and tensor map
 (likewise), the `ModelSpec.format`s it reads with its reader of each (`model_loading` asks
 `reader(format)`), and what it supports beyond plain and speculative decoding with chains, the block
-rule and trees (every family's attention takes a tree mask, `base.cache_mask`):
+rule and trees (every family's attention takes a tree mask, `attention.cache_mask`):
 
   layer_skip    its first layers make a draft (`drafts.layer_skip`)
   shortlist     its output head can be cut to a shortlist (`models.decoder.restrict_head`)

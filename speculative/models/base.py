@@ -20,7 +20,6 @@ hidden by the causal mask and overwritten by the next write (docs/design.md §2)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import flax
@@ -289,38 +288,6 @@ def query_positions(index: jax.Array, length: int, ancestors: Ancestors = None) 
     return index[:, None] + jnp.asarray(offsets, jnp.int32)[None, :]
 
 
-def causal_cache_mask(positions: jax.Array, cache_len: int) -> jax.Array:
-    """Boolean mask [B, 1, L, S]: query at absolute position t sees cache slots 0..t."""
-    slots = jnp.arange(cache_len, dtype=jnp.int32)
-    return slots[None, None, None, :] <= positions[:, None, :, None]
-
-
-def cache_mask(
-    positions: jax.Array, index: jax.Array, cache_len: int, ancestors: Ancestors = None
-) -> jax.Array:
-    """Boolean mask [B, 1, L, S] of the L tokens written at index [B]: causal by position, or for
-    a tree, the slots before index plus the token's own ancestors' slots (index + j, A[i, j])."""
-    if ancestors is None:
-        return causal_cache_mask(positions, cache_len)
-    length = positions.shape[1]
-    offset = jnp.arange(cache_len, dtype=jnp.int32)[None, :] - index[:, None]  # [B, S]
-    in_block = (offset >= 0) & (offset < length)
-    seen = jnp.asarray(ancestors, bool)[:, jnp.clip(offset, 0, length - 1)]  # [L, B, S]
-    mask = (offset < 0)[:, None, :] | (in_block[:, None, :] & jnp.swapaxes(seen, 0, 1))
-    return mask[:, None]
-
-
-def key_positions(positions: jax.Array, index: jax.Array, cache_len: int) -> jax.Array:
-    """[B, S] absolute position of every cache slot after the L tokens at `positions` [B, L] are
-    written at index [B]: the slot itself, except the block's slots, which hold those tokens."""
-    length = positions.shape[1]
-    slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
-    offset = slots - index[:, None]
-    in_block = (offset >= 0) & (offset < length)
-    written = jnp.take_along_axis(positions, jnp.clip(offset, 0, length - 1), axis=1)
-    return jnp.where(in_block, written, slots)
-
-
 def keep_path(state: DecodeState, start: jax.Array, path: jax.Array) -> DecodeState:
     """Moves the cache entries of an accepted tree path into consecutive slots.
 
@@ -361,59 +328,6 @@ def write_kv(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 def heads_major(x: jax.Array) -> jax.Array:
     """[B, S, K, D] -> [B, K, S, D], the layout `attend` reads keys and values in."""
     return jnp.swapaxes(x, 1, 2)
-
-
-def attend(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    mask: jax.Array,
-    bias: jax.Array | None = None,
-    scale: float = 1.0,
-    drop_weights: Callable[[jax.Array], jax.Array] | None = None,
-    logit_cap: float = 0.0,
-) -> jax.Array:
-    """Grouped-query dot-product attention with softmax in float32.
-
-    Keys and values are heads-major so that both contractions are plain batched matmuls over
-    (B, K): with [B, S, K, D] XLA:CPU transposes the whole cache on every decode step (15x slower
-    at S = 1024 in our measurement).
-
-    Args:
-      query: [B, L, H, D].
-      key, value: [B, K, S, D] with H a multiple of K (GQA; K == H is plain multi-head).
-        Query head h uses kv head h // (H // K), as in Hugging Face's repeat_kv.
-      mask: boolean, broadcastable to [B, H, L, S]; False positions are excluded.
-      bias: optional additive bias broadcastable to [B, H, L, S] (T5 relative positions).
-      scale: multiplier on query.key (1/sqrt(D) for LLaMA; 1 for T5, folded into the query kernel).
-      drop_weights: training only (T5's attention dropout): maps the weights [B, H, L, S] to
-        their dropped-out values; None (every decoding path) leaves them untouched.
-      logit_cap: Gemma 2's soft-cap, scores -> cap * tanh(scores / cap) before the mask; 0: none.
-    Returns:
-      [B, L, H, D] in the query dtype.
-    """
-    batch, length, heads, head_dim = query.shape
-    kv_heads, key_len = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
-    # [B, L, K, G, D] -> [B, K, G*L, D]
-    q = query.reshape(batch, length, kv_heads, groups, head_dim)
-    q = q.transpose(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * length, head_dim)
-    # Both products take the cache's dtype and accumulate in float32 (a bfloat16 cache: the
-    # matrix-unit route, and the only roundings are these explicit ones; docs/design.md §9).
-    q = q.astype(key.dtype)
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, key, preferred_element_type=jnp.float32)
-    scores = scores.reshape(batch, heads, length, key_len) * scale
-    scores = logit_cap * jnp.tanh(scores / logit_cap) if logit_cap else scores
-    if bias is not None:
-        scores = scores + bias.astype(jnp.float32)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
-    if drop_weights is not None:
-        weights = drop_weights(weights)
-    weights = weights.reshape(batch, kv_heads, groups * length, key_len)
-    out = jnp.einsum("bkqs,bksd->bkqd", weights, value, preferred_element_type=jnp.float32)
-    out = out.reshape(batch, kv_heads, groups, length, head_dim).transpose(0, 3, 1, 2, 4)
-    return out.reshape(batch, length, heads, head_dim).astype(query.dtype)
 
 
 def init_kv_cache(

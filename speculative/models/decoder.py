@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.models import base, rope
+from speculative.models import attention, base, rope
 from speculative.models.base import DecodeState
 
 
@@ -190,7 +190,7 @@ class SelfAttention(nn.Module):
         value = v_proj(x)
         keys = base.write_kv(layer_cache["key"], base.heads_major(key), index)
         values = base.write_kv(layer_cache["value"], base.heads_major(value), index)
-        attended = base.attend(query, keys, values, mask, scale=d**-0.5)
+        attended = attention.attend(query, keys, values, mask, scale=d**-0.5)
         out = Projection((e, h, d), ("embed", "heads", "kv"), in_dims=2, name="out")(attended)
         return out, {"key": keys, "value": values}
 
@@ -245,7 +245,7 @@ class DecoderStack(nn.Module):
         cfg = self.config
         embedder = token_embedder(cfg)
         x = base.embed(embedder.embedding, tokens).astype(jnp.float32)  # the residual stream
-        mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
+        mask = attention.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         new_cache = {}
         for i in range(cfg.num_layers):
             name = f"layers_{i}"

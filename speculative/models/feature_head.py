@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative.models import base
+from speculative.models import attention, base
 from speculative.models.base import DecodeState
 from speculative.models.decoder import DecoderConfig, DecoderLayer, Projection
 
@@ -91,7 +91,7 @@ class FeatureHeadStack(nn.Module):
         e = cfg.emb_dim
         joined = jnp.concatenate([embeddings, features], axis=-1).astype(dtype)
         x = Projection((e, 2 * e), ("embed", "mlp"), use_bias=True, name="fc")(joined)
-        mask = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
+        mask = attention.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
         x, layer_cache = DecoderLayer(cfg.layer_config(), name="layers_0")(
             x, positions, cache["layers_0"], index, mask
         )

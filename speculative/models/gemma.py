@@ -12,9 +12,9 @@ cache plumbing as `models.decoder`; Gemma differs in:
   - Gemma 3: RMSNorm of each query and key head (q/k norms) before RoPE, and two RoPE bases:
     local (sliding-window layers) and global (full-attention layers, with any scaling);
   - alternating sliding-window (local) and full (global) layers: a local layer's query at position
-    t sees keys at positions t - W < p <= t. The window is applied to key positions, not slots
-    (`base.key_positions`), so a verify block of gamma + 1 tokens and a token tree (each token at
-    index + depth, its ancestors at theirs) see exactly the keys a plain step at that position sees.
+    t sees keys at positions t - W < p <= t. A key's position is its slot's, in a verify block and
+    in a token tree's path views too (models/attention.py), so both see exactly the keys a plain
+    step at that position sees.
 
 Parameter tree (beyond models.decoder's, which it shares except logits_dense's shortlist):
     layers_{i}/post_self_attention_layer_norm/scale  [E]
@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative.models import base
+from speculative.models import attention, base
 from speculative.models.decoder import (
     DecoderOnly,
     DecoderOnlyConfig,
@@ -126,7 +126,9 @@ class GemmaAttention(nn.Module):
         keys = base.write_kv(layer_cache["key"], base.heads_major(key), index)
         values = base.write_kv(layer_cache["value"], base.heads_major(value), index)
         scale = cfg.query_pre_attn_scalar**-0.5
-        attended = base.attend(query, keys, values, mask, scale=scale, logit_cap=cfg.attn_softcap)
+        attended = attention.attend(
+            query, keys, values, mask, scale=scale, logit_cap=cfg.attn_softcap
+        )
         out = Projection((e, h, d), ("embed", "heads", "kv"), in_dims=2, name="out")(attended)
         return out, {"key": keys, "value": values}
 
@@ -164,14 +166,16 @@ class GeGLU(nn.Module):
         return Projection((e, m), ("embed", "mlp"), name="wo")(nn.gelu(gate, approximate=True) * up)
 
 
-def window_mask(mask: jax.Array, positions: jax.Array, index: jax.Array, window: int) -> jax.Array:
-    """A [B, 1, L, S] cache mask cut to the keys less than `window` positions back.
-
-    positions [B, L] (a tree's: index + depth); a key's position is its slot's, except the
-    block's slots, which hold the block's tokens (`base.key_positions`).
-    """
-    keys = base.key_positions(positions, index, mask.shape[-1])  # [B, S]
-    return mask & (keys[:, None, None, :] > positions[:, None, :, None] - window)
+def window_mask(
+    mask: jax.Array | attention.TreeMask, positions: jax.Array, window: int
+) -> jax.Array | attention.TreeMask:
+    """A cache mask ([B, 1, L, S] or a tree's `attention.TreeMask`) cut to the keys less than
+    `window` positions back; positions [B, L] (a tree's: index + depth). A key's position is its
+    slot's, a tree token's path view too (models/attention.py)."""
+    if isinstance(mask, attention.TreeMask):
+        return mask._replace(mask=window_mask(mask.mask, positions, window))
+    keys = jnp.arange(mask.shape[-1], dtype=jnp.int32)
+    return mask & (keys[None, None, None, :] > positions[:, None, :, None] - window)
 
 
 class GemmaStack(nn.Module):
@@ -188,12 +192,8 @@ class GemmaStack(nn.Module):
         rows = base.embed(table, tokens)
         # The scale rounded to the table's dtype, the product in it (transformers' order).
         x = (rows * jnp.asarray(cfg.emb_dim**0.5, rows.dtype)).astype(jnp.float32)
-        full = base.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
-        local = (
-            window_mask(full, positions, index, cfg.sliding_window)
-            if any(cfg.local_layers)
-            else full
-        )
+        full = attention.cache_mask(positions, index, cache["layers_0"]["key"].shape[2], ancestors)
+        local = window_mask(full, positions, cfg.sliding_window) if any(cfg.local_layers) else full
         new_cache = {}
         for i in range(cfg.num_layers):
             name, is_local = f"layers_{i}", cfg.is_local(i)

@@ -50,7 +50,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative.models import base
+from speculative.models import attention, base
 from speculative.models.base import DecodeState
 from speculative.models.t5_layers import (
     ACTIVATIONS,
@@ -180,13 +180,10 @@ class Decoder(_Stack):
         """
         cfg = self.config
         key_len = tokens.shape[1] if cache is None else cache["layers_0"]["key"].shape[2]
-        if ancestors is None:
-            self_mask = base.causal_cache_mask(positions, key_len)  # [B, 1, L, S]
-            self_bias = self.relpos_bias(positions, key_len)  # [B, H, L, S]
-        else:  # a tree: keys of the block sit at their tokens' depths, not at their slots
-            self_mask = base.cache_mask(positions, index, key_len, ancestors)
-            keys = base.key_positions(positions, index, key_len)
-            self_bias = self.relpos_bias(positions, key_len, keys)
+        # A tree's tokens attend through path views (models/attention.py), where every key
+        # sits at its own position's slot, as in a chain.
+        self_mask = attention.cache_mask(positions, index, key_len, ancestors)
+        self_bias = self.relpos_bias(positions, key_len)  # [B, H, L, S]
         cross_mask = encoder_mask[:, None, None, :]
         x = self.embed_dropout(self.embedder(tokens), det)
         new_cache = None if cache is None else {}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.models import base
+from speculative.models import attention, base
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nn.relu,
@@ -169,14 +169,9 @@ class RelativePositionBias(nn.Module):
     bidirectional: bool
 
     @nn.compact
-    def __call__(
-        self, query_positions: jax.Array, key_len: int, key_positions: jax.Array | None = None
-    ) -> jax.Array:
-        """query_positions [B, L] (absolute) against key slots 0..key_len-1 -> bias [B, H, L, S].
-
-        key_positions: [B, S] the keys' absolute positions when they are not their slots (a token
-        tree, `models.base.key_positions`); positions stay within 0..key_len-1.
-        """
+    def __call__(self, query_positions: jax.Array, key_len: int) -> jax.Array:
+        """query_positions [B, L] (absolute) against key slots 0..key_len-1 -> bias [B, H, L, S]
+        (a key's position is its slot's, a token tree's too: models/attention.py)."""
         cfg = self.config
         init = nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("heads", "relpos_buckets")
@@ -188,7 +183,7 @@ class RelativePositionBias(nn.Module):
         buckets = jnp.asarray(
             relative_position_bucket(offsets, self.bidirectional, cfg.num_buckets, cfg.max_distance)
         )
-        keys = jnp.arange(key_len)[None, :] if key_positions is None else key_positions
+        keys = jnp.arange(key_len)[None, :]
         relative = keys[:, None, :] - query_positions[:, :, None]  # [B, L, S]
         bucket = buckets[relative + key_len - 1]
         bias = jnp.take(table, bucket, axis=1)  # [H, B, L, S]
@@ -214,7 +209,7 @@ class Attention(nn.Module):
         self.out = DenseGeneral((h, d), (e,), ("joined_kv", "embed"), init, dtype)
 
     def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """x [B, S, E] -> keys, values [B, H, S, D] (heads-major, the layout base.attend reads)."""
+        """x [B, S, E] -> keys, values [B, H, S, D] (heads-major, the layout attention.attend reads)."""
         return base.heads_major(self.key(x)), base.heads_major(self.value(x))
 
     def __call__(self, x, keys, values, mask, bias=None, deterministic: bool = True):
@@ -224,7 +219,7 @@ class Attention(nn.Module):
         mask shared by every query position."""
         rate = self.config.dropout_rate
         drop = None if deterministic or rate == 0.0 else self._drop_weights
-        attended = base.attend(self.query(x), keys, values, mask, bias, 1.0, drop)
+        attended = attention.attend(self.query(x), keys, values, mask, bias, 1.0, drop)
         return self.out(attended)
 
     def _drop_weights(self, weights: jax.Array) -> jax.Array:
