@@ -22,6 +22,10 @@ ours through the token-level intersection, fed the prompt text in its own tokens
 --cross_gammas; Hugging Face's universal assisted generation (`assistant_model`, `tokenizer`,
 `assistant_tokenizer`) with each assistant schedule (scripts/compare_hf_cross.py); each cell then
 also reports the best of each side's cross-vocabulary programs.
+A program that raises (transformers' universal assisted generation has raised RuntimeError
+"cannot reshape tensor of 0 elements") is a failed cell: its name, exception type and message go
+to the JSON ("failed" in its program entry and the cell's "failed" list) and the markdown table,
+it is not run again in that cell, and the other programs go on.
 Writes compare_hf.json and compare_hf.md under --out.
 """
 
@@ -34,6 +38,7 @@ import pathlib
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import compare_hf_cross  # scripts/compare_hf_cross.py (the script's directory is on sys.path)
@@ -46,11 +51,11 @@ from speculative import checkpoints, decoding, vocab
 from speculative.data import inputs
 from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import shortlist, staged
+from speculative.loading import fetch
 from speculative.measure import runner, timing
 from speculative.models import decoder, precision
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-from speculative.loading import fetch
 
 
 def _parse_range(text: str) -> range:
@@ -199,29 +204,29 @@ def run(args) -> dict[str, Any]:
         warm: set[str] = set()
         for j, ids in enumerate(prompts):
             for name, side, arg in programs:
-                if isinstance(arg, compare_hf_cross.CrossProgram):
-                    tokens, seconds, stats = cross.run(
-                        name, side, arg, ids, sampling, stop_ids, args.seed + j, name in warm
-                    )
+                if "failed" in rows[name]:  # failed on an earlier prompt of this cell
+                    continue
+
+                def call(name=name, side=side, arg=arg, ids=ids, j=j, t=sampling, warm=warm):
+                    if isinstance(arg, compare_hf_cross.CrossProgram):
+                        result = cross.run(
+                            name, side, arg, ids, t, stop_ids, args.seed + j, name in warm
+                        )
+                    elif side == "ours":
+                        return ours.run(name, arg, ids, t, args.seed + j)
+                    else:
+                        # one untimed call before each program's first timed one (torch has no
+                        # compile step, but allocates and picks kernels on first use)
+                        result = hfs[side.removeprefix("hf ")].run(
+                            arg, ids, t, stop_ids, args.seed + j, name in warm
+                        )
                     warm.add(name)
-                elif side == "ours":
-                    tokens, seconds, stats = ours.run(name, arg, ids, sampling, args.seed + j)
-                else:
-                    # one untimed call before each program's first timed one (torch has no
-                    # compile step, but allocates and picks kernels on first use)
-                    tokens, seconds, stats = hfs[side.removeprefix("hf ")].run(
-                        arg, ids, sampling, stop_ids, args.seed + j, name in warm
-                    )
-                    warm.add(name)
-                r = rows[name]
-                r["seconds"].append(seconds)
-                r["tokens"].append(tokens)
-                r["target_calls"] += stats["target_calls"]
-                r["beta"] += stats.get("alpha", 0.0) * stats.get("verified", 0)
-                r["verified"] += stats.get("verified", 0)
+                    return result
+
+                record(rows[name], name, f"HumanEval/{chosen[j]}", call)
             print(
                 f"  T={temperature} prompt {chosen[j]}: "
-                + ", ".join(f"{n} {rows[n]['seconds'][-1]:.1f}s" for n, _, _ in programs),
+                + ", ".join(_progress(n, rows[n]) for n, _, _ in programs),
                 flush=True,
             )
         cells.append(_summarize(temperature, programs, rows, args.hf_dtypes))
@@ -244,6 +249,29 @@ def run(args) -> dict[str, Any]:
         cpu=_cpu_model(),
         xla_flags=os.environ.get("XLA_FLAGS", ""),
     )
+
+
+def record(row: dict[str, Any], name: str, prompt: str, call: Callable[[], Any]) -> None:
+    """Runs one program on one prompt (`call`: its (tokens, seconds, stats)) and adds the result
+    to its row; where it raises, the row records the failure instead ("failed": program, prompt,
+    exception type and message) and the caller goes on with the other programs."""
+    try:
+        tokens, seconds, stats = call()
+    except Exception as e:  # a peer's failure is a result of the run, not the end of it
+        row["failed"] = dict(program=name, prompt=prompt, error=type(e).__name__, message=str(e))
+        print(f"  {name} failed on {prompt}: {type(e).__name__}: {e}", flush=True)
+        return
+    row["seconds"].append(seconds)
+    row["tokens"].append(tokens)
+    row["target_calls"] += stats["target_calls"]
+    row["beta"] += stats.get("alpha", 0.0) * stats.get("verified", 0)
+    row["verified"] += stats.get("verified", 0)
+
+
+def _progress(name: str, row: dict[str, Any]) -> str:
+    if "failed" in row:
+        return f"{name} failed"
+    return f"{name} {row['seconds'][-1]:.1f}s"
 
 
 def _hf_side(dtype: str) -> str:
@@ -269,9 +297,14 @@ def _cpu_model() -> str:
 
 
 def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
+    """A cell: every program's entry (a failed one: side and "failed" alone, left out of the bests
+    and ratios, which are None where nothing is left to compare)."""
     table = {}
     for name, side, _ in programs:
         r = rows[name]
+        if "failed" in r:
+            table[name] = dict(side=side, failed=r["failed"])
+            continue
         tokens = sum(len(t) for t in r["tokens"])
         seconds = sum(r["seconds"])
         table[name] = dict(
@@ -285,21 +318,29 @@ def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
         )
     own_plain = {"ours": "ours plain", **{_hf_side(d): _hf_name(d, None) for d in hf_dtypes}}
     hf_plains = [own_plain[_hf_side(d)] for d in hf_dtypes]
-    fastest_hf_plain = max(hf_plains, key=lambda n: table[n]["tok_s"])
-    for entry in table.values():
-        entry["speedup_over_own_plain"] = entry["tok_s"] / table[own_plain[entry["side"]]]["tok_s"]
-        entry["speedup_over_hf_plain"] = entry["tok_s"] / table[fastest_hf_plain]["tok_s"]
+    ran = {n: e for n, e in table.items() if "failed" not in e}
+
+    def fastest(names) -> str | None:
+        return max((n for n in names if n in ran), key=lambda n: ran[n]["tok_s"], default=None)
+
+    def ratio(a: str | None, b: str | None) -> float | None:
+        return None if a not in ran or b not in ran else ran[a]["tok_s"] / ran[b]["tok_s"]
+
+    fastest_hf_plain = fastest(hf_plains)
+    for name, entry in ran.items():
+        entry["speedup_over_own_plain"] = ratio(name, own_plain[entry["side"]])
+        entry["speedup_over_hf_plain"] = ratio(name, fastest_hf_plain)
     # HF best: its assisted generation (default and fixed lengths) and its prompt lookup, any dtype
     # the headline pair is the same-tokenizer one; --cross_draft programs have their own summary
-    same = {n: e for n, e in table.items() if not compare_hf_cross.is_cross(n)}
-    hf_assisted = {n: e for n, e in same.items() if e["side"] != "ours" and n not in hf_plains}
-    best_hf = max(hf_assisted, key=lambda n: hf_assisted[n]["tok_s"])
-    ours_spec = {n: e for n, e in same.items() if e["side"] == "ours" and n != "ours plain"}
-    best_ours = max(ours_spec, key=lambda n: ours_spec[n]["tok_s"])
+    same = {n: e for n, e in ran.items() if not compare_hf_cross.is_cross(n)}
+    best_hf = fastest(n for n, e in same.items() if e["side"] != "ours" and n not in hf_plains)
+    best_ours = fastest(n for n, e in same.items() if e["side"] == "ours" and n != "ours plain")
     identical = None
     if temperature == 0.0:  # against the side's own plain output of the same dtype
         identical = {
             name: rows[name]["tokens"] == rows[own_plain[side]]["tokens"]
+            if name in ran and own_plain[side] in ran
+            else None
             for name, side, _ in programs
         }
     return dict(
@@ -307,17 +348,22 @@ def _summarize(temperature, programs, rows, hf_dtypes) -> dict[str, Any]:
         programs=table,
         best_hf_assisted=best_hf,
         best_ours_speculative=best_ours,
-        ours_over_best_hf_assisted=table[best_ours]["tok_s"] / table[best_hf]["tok_s"],
+        ours_over_best_hf_assisted=ratio(best_ours, best_hf),
         fastest_hf_plain=fastest_hf_plain,
         greedy_identical_to_own_plain=identical,
+        failed=[e["failed"] for e in table.values() if "failed" in e],
     )
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _markdown(cell: dict[str, Any]) -> str:
     lines = [
         f"\nTemperature {cell['temperature']}, batch 1: best ours ({cell['best_ours_speculative']})"
         f" / best HF, assisted or prompt lookup ({cell['best_hf_assisted']}) = "
-        f"{cell['ours_over_best_hf_assisted']:.2f}x",
+        f"{_times(cell['ours_over_best_hf_assisted'])}",
         "",
         f"| program | tok/s | over own plain | over {cell['fastest_hf_plain']} | tokens / target "
         "call | alpha | greedy identical to own plain |",
@@ -327,11 +373,16 @@ def _markdown(cell: dict[str, Any]) -> str:
         lines.insert(1, compare_hf_cross.markdown(cell["cross"]))
     same = cell.get("greedy_identical_to_own_plain") or {}
     for name, e in cell["programs"].items():
+        if "failed" in e:
+            f = e["failed"]
+            message = f"{f['error']}: {f['message']}".replace("|", "/").replace("\n", " ")
+            lines.append(f"| {name} | failed on {f['prompt']}: {message} | | | | | |")
+            continue
         alpha = "" if e["alpha"] is None else f"{e['alpha']:.3f}"
         lines.append(
-            f"| {name} | {e['tok_s']:.2f} | {e['speedup_over_own_plain']:.2f}x | "
-            f"{e['speedup_over_hf_plain']:.2f}x | {e['tokens_per_target_call']:.2f} | {alpha} | "
-            f"{same.get(name, '')} |"
+            f"| {name} | {e['tok_s']:.2f} | {_times(e['speedup_over_own_plain'])} | "
+            f"{_times(e['speedup_over_hf_plain'])} | {e['tokens_per_target_call']:.2f} | {alpha} | "
+            f"{'' if same.get(name) is None else same[name]} |"
         )
     return "\n".join(lines)
 

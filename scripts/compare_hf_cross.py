@@ -111,17 +111,24 @@ class Cross:
 
 def summary(cell: dict[str, Any], tables: str) -> dict[str, Any]:
     """The best of ours and of HF's cross-vocabulary programs in a cell, their ratio, and the
-    tables' line (`Cross.tables`)."""
-    table = cell["programs"]
-    best_ours = max((n for n in table if n.startswith(OURS)), key=lambda n: table[n]["tok_s"])
-    best_hf = max((n for n in table if n.startswith(HF)), key=lambda n: table[n]["tok_s"])
-    ratio = table[best_ours]["tok_s"] / table[best_hf]["tok_s"]
+    tables' line (`Cross.tables`); failed programs left out (None where none ran)."""
+    table = {n: e for n, e in cell["programs"].items() if "failed" not in e}
+
+    def best(prefix: str) -> str | None:
+        names = (n for n in table if n.startswith(prefix))
+        return max(names, key=lambda n: table[n]["tok_s"], default=None)
+
+    best_ours, best_hf = best(OURS), best(HF)
+    ratio = None
+    if best_ours is not None and best_hf is not None:
+        ratio = table[best_ours]["tok_s"] / table[best_hf]["tok_s"]
     return dict(best_ours=best_ours, best_hf=best_hf, ours_over_hf=ratio, tables=tables)
 
 
 def markdown(cross: dict[str, Any]) -> str:
     """One line for a cell's cross-vocabulary `summary`."""
+    ratio = "n/a" if cross["ours_over_hf"] is None else f"{cross['ours_over_hf']:.2f}x"
     return (
         f"\nCross-vocabulary draft: best ours ({cross['best_ours']}) / best HF universal "
-        f"assisted ({cross['best_hf']}) = {cross['ours_over_hf']:.2f}x; {cross['tables']}"
+        f"assisted ({cross['best_hf']}) = {ratio}; {cross['tables']}"
     )

@@ -5,8 +5,8 @@ and of a GGUF target with a draft of another tokenizer (drafts/cross_vocab.py).
     python -m speculative.memory --target qwen2.5-coder-1.5b --cross_draft smollm2-135m
 
 The arithmetic is `speculative.measure.memory` (and `jobs.common.cross_draft_bytes` for the draft
-with its own tokenizer, whose cache holds K draft tokens per target token); this module is its
-command line.
+with its own tokenizer, whose cache is sized by the same `state_bytes` at its own length:
+`CrossVocabDrafter.cache_length`); this module is its command line.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def gguf_cross_pair(target: str, draft: str, dtype: Any = jnp.bfloat16) -> tuple
         draft_vocab, target_vocab, draft_model.vocab_size, target_model.vocab_size
     )
     drafter = CrossVocabDrafter(
-        draft_model, target_model.vocab_size, tables.width, tables.draft_eos
-    )
+        draft_model, target_model.vocab_size, tables.width, tables.draft_eos,
+        spelling_lengths=tables.spelling_lengths,
+    )  # fmt: skip
     return target_model, drafter
 
 
@@ -63,7 +64,8 @@ def cross_report(a: argparse.Namespace) -> str:
         "target cache": state_bytes(target, rules, mesh, *args),
         **cross_draft_bytes(drafter, mesh, *args, jnp.bfloat16),
     }
-    row = {"target": a.target, "draft": f"{a.cross_draft} (K = {drafter.width})"}
+    per_token = f"cache sized for up to {drafter.width} draft tokens per target token"
+    row = {"target": a.target, "draft": f"{a.cross_draft} (K = {drafter.width}, {per_token})"}
     row.update({k: round(v / GIB, 3) for k, v in parts.items()})
     row["total"] = round(sum(parts.values()) / GIB, 3)
     return format_table([row])

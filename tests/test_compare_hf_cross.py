@@ -5,6 +5,7 @@ through the script's own classes, and greedy output equals each side's plain out
 `[compare]` extra (torch, transformers); slow (about 30 s: two compiled programs and torch). And
 the cell summary: the headline stays the same-tokenizer pair, the cross programs summed apart."""
 
+import json
 import pathlib
 import sys
 import types
@@ -47,6 +48,59 @@ def test_the_cross_programs_are_summed_apart_from_the_headline(scripts):
     cell["cross"] = compare_hf_cross.summary(cell, "tables line")
     assert cell["cross"]["ours_over_hf"] == pytest.approx(30 / 25)
     assert "best ours (ours cross-vocabulary d gamma 4)" in compare_hf._markdown(cell)
+
+
+def test_a_failing_program_is_a_failed_cell_and_the_others_go_on(scripts):
+    """A peer program that raises (transformers' universal assisted generation: RuntimeError
+    "cannot reshape tensor of 0 elements") is recorded with its name, exception type and message
+    in the cell's JSON and markdown; the other programs are summarised as usual."""
+    compare_hf, compare_hf_cross = scripts
+    names = ["ours plain", "ours speculative gamma 5", "hf plain", "hf assisted 5"]
+    names += ["ours cross-vocabulary d gamma 4", "hf assisted cross d default"]
+    rows = {
+        n: {"seconds": [], "tokens": [], "target_calls": 0, "beta": 0, "verified": 0} for n in names
+    }
+    speeds = {n: 10 + i for i, n in enumerate(names)}
+
+    def fail():
+        raise RuntimeError("cannot reshape tensor of 0 elements into shape [1, 0, -1, 64]")
+
+    for prompt in ("HumanEval/100", "HumanEval/101"):
+        for name in names:
+            if "failed" in rows[name]:
+                continue
+            if name == "hf assisted cross d default":
+                compare_hf.record(rows[name], name, prompt, fail)
+            else:
+                result = ([1] * speeds[name], 1.0, {"target_calls": 1})
+                compare_hf.record(rows[name], name, prompt, lambda r=result: r)
+    failed = rows["hf assisted cross d default"]["failed"]
+    assert failed == {
+        "program": "hf assisted cross d default",
+        "prompt": "HumanEval/100",
+        "error": "RuntimeError",
+        "message": "cannot reshape tensor of 0 elements into shape [1, 0, -1, 64]",
+    }
+    assert rows["hf assisted 5"]["seconds"] == [1.0, 1.0]  # the others went on
+    programs = [(n, "ours" if n.startswith("ours") else "hf float32", None) for n in names]
+    cell = compare_hf._summarize(0.0, programs, rows, ["float32"])
+    assert cell["failed"] == [failed]
+    assert cell["programs"]["hf assisted cross d default"] == {
+        "side": "hf float32",
+        "failed": failed,
+    }
+    assert cell["greedy_identical_to_own_plain"]["hf assisted cross d default"] is None
+    assert cell["best_hf_assisted"] == "hf assisted 5"
+    assert cell["ours_over_best_hf_assisted"] == pytest.approx(11 / 13)
+    cell["cross"] = compare_hf_cross.summary(cell, "tables line")
+    assert cell["cross"]["best_hf"] is None and cell["cross"]["ours_over_hf"] is None
+    table = compare_hf._markdown(cell)
+    assert (
+        "| hf assisted cross d default | failed on HumanEval/100: RuntimeError: cannot reshape "
+        "tensor of 0 elements into shape [1, 0, -1, 64] | | | | | |" in table
+    )
+    assert "best HF universal assisted (None) = n/a" in table
+    assert json.loads(json.dumps(cell))["failed"] == [failed]
 
 
 @pytest.mark.slow

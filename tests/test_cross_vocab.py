@@ -8,6 +8,7 @@ broken draw the same check rejects, and the infer job selecting it from DRAFT_VO
 
 import dataclasses
 import io
+import math
 
 import jax
 import jax.numpy as jnp
@@ -114,16 +115,57 @@ def test_special_tokens_are_matched_by_role_never_by_string():
 def test_byte_and_bpe_vocabularies_and_a_token_the_draft_cannot_spell():
     bpe = _trained(TARGET_TEXT, 300, "<|endoftext|>")
     byte = ByteVocabulary(extra_ids=2)
-    tables, size = build_tables(byte, bpe), len(bpe.tokens)  # BPE tokens spelled byte by byte
+    size = len(bpe.tokens)  # BPE tokens spelled byte by byte, at the worst-case width
+    tables = build_tables(byte, bpe, coverage=1.0, max_width=None)
     lengths = [len(b) if b else 1 for b in token_bytes(bpe).bytes]  # its EOS: the byte EOS
     np.testing.assert_array_equal(tables.spelling_lengths, lengths)
-    assert tables.width == max(lengths) > 1 and tables.coverage(size) == pytest.approx(257 / size)
+    assert tables.width == tables.longest == max(lengths) > 1 and tables.too_long == ()
+    assert tables.coverage(size) == pytest.approx(257 / size)
     back = build_tables(bpe, byte)  # bytes as the BPE's single-byte tokens; pad, unk by role
     assert back.coverage(len(byte.tokens)) == pytest.approx(257 / 261)  # bytes and EOS
     assert back.unspelled == (0, 2, 259, 260)  # pad, unk, sentinels: no role in a BPE vocabulary
     small_target = _byte_level(SMALL_TARGET, "<eos>")
     with pytest.raises(ValueError, match=r"target token 3 \(bytes b'\\x00'\) has no spelling"):
         build_tables(small_target, byte)  # the small vocabulary has no byte 0
+
+
+def test_the_catch_up_width_covers_99_percent_capped_at_8():
+    """K (`choose_width`): the smallest width spelling 99% of the spelled target tokens (unspelled
+    ones, length 0, not counted), at most 8; 1.0 and no cap: the longest spelling."""
+    assert cross_tables.WIDTH_COVERAGE == 0.99 and cross_tables.MAX_WIDTH == 8
+    assert choose_width([0] * 50 + [1] * 98 + [2, 9]) == 2  # 99 of 100 spelled in <= 2
+    assert choose_width([1] * 99 + [9]) == 1
+    assert choose_width([1] * 98 + [3, 9]) == 3  # 98% in 1: short of 99%
+    assert choose_width([1] * 50 + [12] * 50) == 8  # capped
+    assert choose_width([1] * 50 + [12] * 50, max_width=None) == 12
+    assert choose_width([1, 2, 27], coverage=1.0, max_width=None) == 27
+    assert choose_width([0, 0]) == 1
+    with pytest.raises(ValueError, match="coverage must be in"):
+        choose_width([1], coverage=0.0)
+
+
+def test_tokens_spelled_in_more_than_k_draft_tokens_are_spelled_as_nothing():
+    """A byte draft facing a BPE target: K is chosen from the spelling lengths (here capped at 3),
+    and every target token longer than K bytes is spelled as nothing and listed, the rest in
+    full; the log line says so."""
+    bpe = _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    full = build_tables(ByteVocabulary(extra_ids=2), bpe, coverage=1.0, max_width=None)
+    lengths = full.spelling_lengths
+    tables = build_tables(ByteVocabulary(extra_ids=2), bpe)
+    assert tables.width == choose_width(lengths) and tables.longest == full.width > tables.width
+    tables = build_tables(ByteVocabulary(extra_ids=2), bpe, max_width=3)
+    long = np.flatnonzero(lengths > 3)
+    assert tables.width == 3 and tables.too_long == tuple(long.tolist()) and len(long) > 0
+    np.testing.assert_array_equal(tables.spelling_lengths, np.where(lengths > 3, 0, lengths))
+    short = lengths <= 3
+    np.testing.assert_array_equal(tables.spelling[short], full.spelling[short, :3])
+    assert np.all(tables.spelling[long] == tables.draft_eos)  # padding only
+    assert tables.width_coverage == pytest.approx(np.mean(lengths[lengths > 0] <= 3))
+    assert tables.unspelled == full.unspelled  # the specials; too long ones listed apart
+    line = cross_tables.describe(tables, len(bpe.tokens))
+    assert f"up to K = 3 draft tokens, {tables.slots_per_token:.2f} on average (K covers " in line
+    assert f"{100 * tables.width_coverage:.2f}%" in line
+    assert f"{len(long)} spelled in more, up to {full.width}, are spelled as nothing" in line
 
 
 def test_sentencepiece_model_tables(tmp_path):
@@ -216,6 +258,35 @@ def test_greedy_identical_to_plain(trained_pair, greedy_case, gamma, acceptance,
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     share = np.asarray(out.stats.outside_mass) / np.maximum(np.asarray(out.stats.drafted), 1)
     assert np.all((share > 0) & (share < 1))  # its own tokens outside the intersection
+    np.testing.assert_array_equal(out.stats.draft_stalls, 0)  # a cache no row outgrows
+
+
+def test_tokens_longer_than_k_spelled_as_nothing_stay_exact(trained_pair, greedy_case):
+    """K capped at 1: every target token the draft spells in 2 or more tokens is spelled as
+    nothing (the draft does not see it, in the prompt or the output), and greedy output still
+    equals plain decoding."""
+    target_vocab, target, (drafter, _), _ = trained_pair
+    batch, eos, ref = greedy_case
+    draft_vocab = _trained(DRAFT_TEXT, 280, "</s>")
+    tables = build_tables(draft_vocab, target_vocab, max_width=1)
+    assert tables.width == 1 and tables.too_long
+    emitted = set(np.asarray(ref.tokens).ravel().tolist()) | set(
+        np.asarray(batch["prompt"]).ravel().tolist()
+    )
+    assert emitted & set(tables.too_long)  # the text holds tokens the draft does not see
+    narrow, params = cross_vocab.make_drafter(drafter.model, drafter_params(trained_pair), tables)
+    assert narrow.width == 1
+    for gamma in (1, 4):
+        out = decoding.speculative_decode(
+            *target, narrow, params, batch, gamma=gamma, max_decode_len=V_MAX_LEN, eos_id=eos
+        )
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def drafter_params(trained_pair):
+    """The draft model's weights of the trained pair (without its tables)."""
+    return trained_pair[2][1]["model"]
 
 
 def test_a_draft_with_a_short_context_stays_exact(trained_pair, greedy_case, caplog):
@@ -227,11 +298,111 @@ def test_a_draft_with_a_short_context_stays_exact(trained_pair, greedy_case, cap
     model = drafter.model
     short = type(model)(dataclasses.replace(model.config, max_seq_len=40))
     capped = dataclasses.replace(drafter, model=short)
+    cross_vocab._warn_short.cache_clear()  # once per (size, need) and process
     out = decoding.speculative_decode(
         *target, capped, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=eos
     )
     np.testing.assert_array_equal(out.tokens, ref.tokens)
-    assert "its cache is capped at its context, 40 slots" in caplog.text
+    need = drafter.cache_length(batch, decoding.DecodeConfig(V_MAX_LEN, eos, gamma=3))
+    assert need > 40
+    assert (
+        f"cross-vocabulary draft cache capped at 40 slots by the draft's context (needs {need}): "
+        "rows may stop feeding the draft; output stays exact"
+    ) in caplog.text
+    np.testing.assert_array_equal(out.stats.draft_stalls, 0)  # its rows end before they outgrow it
+    # Rows that run to max_decode_len outgrow it: each row's stalled rounds are counted.
+    free = decoding.autoregressive_decode(*target, batch, max_decode_len=V_MAX_LEN, eos_id=0)
+    out = decoding.speculative_decode(
+        *target, capped, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=0
+    )
+    np.testing.assert_array_equal(out.tokens, free.tokens)
+    stalls = np.asarray(out.stats.draft_stalls)
+    assert (
+        stalls.shape == (batch["prompt"].shape[0],) and np.any(stalls > 0) and np.any(stalls == 0)
+    )
+    assert np.all(stalls <= np.asarray(out.stats.target_calls))
+
+
+def _long_prompts(tables, rows: int, width: int, length: int):
+    """Right-padded prompts [rows, width] of `length` target tokens each, all spelled in K draft
+    tokens (the longest spellings), so each row's prompt spells to K * length draft tokens."""
+    longest = np.flatnonzero(tables.spelling_lengths == tables.width)
+    ids = np.random.default_rng(5).choice(longest, size=(rows, length))
+    prompt = np.zeros((rows, width), np.int32)
+    prompt[:, :length] = ids
+    return {
+        "prompt": jnp.asarray(prompt),
+        "prompt_lengths": jnp.full((rows,), length, jnp.int32),
+    }
+
+
+def test_a_prompt_of_long_spellings_gets_a_cache_it_does_not_outgrow(trained_pair, greedy_case):
+    """A prompt whose spelling is far longer than the mean spelling length estimated (the
+    earlier sizing): the drafter fitted to it (`fit_prompts`) sizes its cache from the actual
+    spelling, below the worst case (K per prompt slot) yet enough: no row stalls, greedy output is
+    plain decoding's, and sampled, every row's acceptance equals the unfitted worst-case
+    drafter's (the same q throughout; the mean-based sizing, which fed the draft the prompt's last
+    ceil(mean * 12) draft tokens, accepted a different number here). Greedy, these random
+    models never agree, so it is the sampled run that compares acceptance."""
+    target_vocab, target, (drafter, params), tables = trained_pair
+    _, eos, _ = greedy_case
+    batch = _long_prompts(tables, rows=4, width=12, length=8)
+    spelled = tables.width * 8
+    assert spelled > math.ceil(tables.slots_per_token * 12)  # the mean-based estimate's room
+    fitted = drafter.fit_prompts(np.asarray(batch["prompt"])[:, :8].tolist())
+    config = decoding.DecodeConfig(V_MAX_LEN, eos, gamma=3)
+    assert fitted.prompt_slots == spelled
+    assert fitted.need(batch, config) == fitted.cache_length(batch, config)
+    assert fitted.cache_length(batch, config) < drafter.cache_length(batch, config)
+    assert fitted.prompt_window(batch, config) == spelled  # the whole prompt is fed
+    ref = decoding.autoregressive_decode(*target, batch, max_decode_len=V_MAX_LEN, eos_id=eos)
+    outs = [
+        decoding.speculative_decode(
+            *target, d, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=eos
+        )
+        for d in (fitted, drafter)
+    ]
+    for out in outs:
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_array_equal(out.stats.draft_stalls, 0)
+    sampled = [
+        decoding.speculative_decode(
+            *target,
+            d,
+            params,
+            batch,
+            gamma=3,
+            max_decode_len=V_MAX_LEN,
+            eos_id=eos,
+            sampling=SamplingConfig(temperature=1.0),
+            rng=jax.random.PRNGKey(7),
+        )  # fmt: skip
+        for d in (fitted, drafter)
+    ]
+    fit, worst = (out.stats for out in sampled)
+    np.testing.assert_array_equal(sampled[0].tokens, sampled[1].tokens)
+    np.testing.assert_array_equal(fit.accepted, worst.accepted)
+    np.testing.assert_array_equal(fit.drafted, worst.drafted)
+    np.testing.assert_allclose(fit.beta_sum, worst.beta_sum, rtol=1e-5)
+    assert np.sum(fit.accepted) > 0
+    np.testing.assert_array_equal(fit.draft_stalls, 0)
+
+
+def test_a_batch_longer_than_the_fitted_prompts_warns(trained_pair, greedy_case, caplog):
+    """A batch whose prompts spell to more than `fit_prompts` saw: the draft is fed the end of
+    its prompt, with a warning naming the need (still exact)."""
+    _, target, (drafter, params), tables = trained_pair
+    batch, eos, ref = greedy_case
+    fitted = drafter.fit_prompts([[1]])
+    cross_vocab._warn_short.cache_clear()
+    config = decoding.DecodeConfig(V_MAX_LEN, eos, gamma=3)
+    need = fitted.need(batch, config)
+    assert need > fitted.cache_length(batch, config)
+    out = decoding.speculative_decode(
+        *target, fitted, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=eos
+    )
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    assert f"fitted to (`fit_prompts`); this batch needs {need}" in caplog.text
 
 
 def _mirror(target, target_vocab: HFTokenizerVocabulary, extra: int = 2):
@@ -389,8 +560,12 @@ OTHER_VOCABULARY = [
 ]
 
 
-def test_infer_job_with_a_draft_vocabulary_of_its_own(tmp_path):
+def test_infer_job_with_a_draft_vocabulary_of_its_own(tmp_path, caplog):
+    caplog.set_level("INFO")
     rows, summary = helpers.tiny_infer(tmp_path, "cross", *OTHER_VOCABULARY)
+    # its memory line counts the draft: weights, its cache and the tables (`cross_draft_parts`)
+    line = next(r.message for r in caplog.records if r.message.startswith("memory per device"))
+    assert all(f"{part} " in line for part in ("draft params", "draft cache", "tables"))
     plain, _ = helpers.tiny_infer(tmp_path, "plain", "--gin.SPECULATIVE=False")
     assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain]
     assert all(0 < r["draft_mass_outside"] < 1 for r in rows)

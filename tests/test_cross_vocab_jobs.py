@@ -69,13 +69,144 @@ def test_the_memory_report_counts_weights_cache_and_tables(drafter):
         config = decoding.DecodeConfig(V_MAX_LEN, (0,), gamma=3)
         got = memory.cross_draft_bytes(capped, mesh, 2, 7, V_MAX_LEN, 3, jnp.float32)
         cache = capped.init(params, batch, config).cache
-        worst = capped.width * (7 + V_MAX_LEN + 3 + 2) + 3
-        assert cache.max_len == min(worst, model.max_length)
+        k = capped.width
+        need = k * 7 + k * (V_MAX_LEN + 3 + 2) + k + 3  # unfitted: K per prompt token
+        assert cache.max_len == min(need, model.max_length)
         assert got == {
             "draft params": nbytes(params["model"]),
             "draft cache": nbytes(cache),
             "tables": nbytes(params["tables"]),
         }
+
+
+def test_the_memory_arithmetic_is_one_for_every_cache_and_the_job_lines_count_the_draft(drafter):
+    """`measure.memory.state_bytes(cache_length=L)` is the bytes of a decode state of L slots
+    (the cross draft's cache is sized by it), and `job_report` adds the cross draft's parts
+    (`jobs.common.cross_draft_parts`; None for any other draft)."""
+    from speculative.jobs import common
+    from speculative.loading import specs as ml
+    from speculative.measure import memory as measure
+    from speculative.parallel import partitioning
+
+    drafter, params = drafter
+    model, mesh = drafter.model, {"data": 1, "model": 1}
+    batch = {"prompt": jnp.zeros((2, 7), jnp.int32)}
+    for length in (40, 123):
+        state = model.init_state(params["model"], batch, length)
+        got = measure.state_bytes(
+            model, partitioning.DRAFT_RULES, mesh, 2, 7, V_MAX_LEN, 3, cache_length=length
+        )
+        assert got == sum(leaf.nbytes for leaf in jax.tree.leaves(state))
+    loaded = ml.Loaded(drafter, params, "cross")
+    parts = common.cross_draft_parts(loaded, None, 2, 7, V_MAX_LEN, 3, jnp.float32)
+    assert parts == common.cross_draft_bytes(drafter, mesh, 2, 7, V_MAX_LEN, 3, jnp.float32)
+    assert common.cross_draft_parts(ml.Loaded(model, params["model"], "m"), *[None] * 6) is None
+    line = measure.job_report(
+        model, None, batch_size=2, input_len=7, max_decode_len=V_MAX_LEN, gamma=3,
+        param_dtype=jnp.float32, draft_parts=parts,
+    )  # fmt: skip
+    gib = {k: f"{k} {v / measure.GIB:.3f}" for k, v in parts.items()}
+    assert all(text in line for text in gib.values()) and "tables" in line
+
+
+def test_the_benchmark_memory_check_and_lines_count_the_cross_draft(drafter, monkeypatch, caplog):
+    """The benchmark's memory check counts a cross draft's cache and tables (before: nothing),
+    and its memory lines its params, cache and tables."""
+    from speculative import benchmark
+    from speculative.jobs import common
+    from speculative.jobs.benchmark import settings as bench_settings
+    from speculative.jobs.benchmark import setup as bench_setup
+    from speculative.loading import specs as ml
+    from speculative.measure import memory as measure
+    from speculative.parallel import partitioning
+
+    drafter, params = drafter
+    target = ml.Loaded(*helpers.tiny_decoder(drafter.target_vocab_size, 32, 1, 4, 2, 0), "t")
+    setup = benchmark.Setup(target, ml.Loaded(drafter, params, "d"), (1,), 1, [[5] * 16], 16)
+    cfg = benchmark.BenchmarkConfig(
+        target=None, draft=None, vocabulary=None, output_dir="/unused", gammas=(2, 5),
+        feature_lengths={"inputs": 16, "targets": 8},
+    )  # fmt: skip
+    s, mesh, args = bench_settings.resolve(cfg), {"data": 1, "model": 1}, (4, 16, 8, 5)
+    cross = common.cross_draft_bytes(drafter, mesh, *args, jnp.float32)
+    need = (
+        measure.state_bytes(target.model, partitioning.TARGET_RULES, mesh, *args)
+        + cross["draft cache"]
+        + cross["tables"]
+        + measure.workspace_bytes(target.model, mesh, 4, 16, 5)
+    )
+    monkeypatch.setattr(bench_setup, "available_bytes", lambda: int(need / 0.8) + 1)
+    assert bench_setup.memory_shortfall(setup, s, 4) is None
+    monkeypatch.setattr(bench_setup, "available_bytes", lambda: int(need / 0.8) - 1)
+    assert bench_setup.memory_shortfall(setup, s, 4).startswith("estimated ")
+    caplog.set_level("INFO")
+    bench_setup.print_memory(setup, s)
+    assert all(f"{part} " in caplog.text for part in ("draft params", "draft cache", "tables"))
+
+
+def _output(outside, drafted, with_mass=True):
+    """A DecodeOutput of len(drafted) rows of 4 tokens whose stats carry `outside_mass`."""
+    rows = len(drafted)
+    stats = decoding.DecodeStats.zeros(rows, 2).replace(
+        target_calls=jnp.full((rows,), 2, jnp.int32),
+        drafted=jnp.asarray(drafted, jnp.int32),
+        accepted=jnp.ones((rows,), jnp.int32),
+        beta_sum=jnp.ones((rows,), jnp.float32),
+        accepted_at=jnp.ones((rows, 2), jnp.int32),
+        verified_at=jnp.ones((rows, 2), jnp.int32),
+        outside_mass=jnp.asarray(outside, jnp.float32) if with_mass else None,
+    )
+    tokens, lengths = jnp.ones((rows, 4), jnp.int32), jnp.full((rows,), 4, jnp.int32)
+    return decoding.DecodeOutput(tokens, lengths, stats)
+
+
+@pytest.mark.parametrize("with_mass", [True, False])
+def test_the_mass_outside_reaches_the_benchmark_points(with_mass):
+    """A cross-vocabulary variant's point in benchmark.json carries draft_mass_outside (pooled
+    over drafted tokens, as `metrics.summarize`) and draft_mass_outside_rows (per example, in
+    batch order); a draft of the target's tokenizer, None for both."""
+    from speculative.jobs.benchmark import harness, points
+
+    plain, spec = harness.Timed(), harness.Timed()
+    for outside, drafted in (([1.0, 0.5], [4, 5]), ([3.0], [10])):
+        plain.add(_output(outside, drafted, with_mass=False), 2.0, 0.0)
+        spec.add(_output(outside, drafted, with_mass), 1.0, 0.0)
+    costs = {"target_extend_s": {3: 0.1}, "c": 0.5, "target_step_s": 0.1, "draft_step_s": 0.05}
+    point = points.make_point(2, plain, spec, (0.0, 0.0), costs, greedy=True)
+    row = json.loads(json.dumps(dataclasses.asdict(point)))  # as benchmark.json's points hold it
+    if not with_mass:
+        assert row["draft_mass_outside"] is None and row["draft_mass_outside_rows"] is None
+        return
+    assert row["draft_mass_outside"] == pytest.approx(4.5 / 19)
+    assert row["draft_mass_outside_rows"] == pytest.approx([1.0 / 4, 0.5 / 5, 3.0 / 10])
+
+
+def test_the_cache_is_sized_by_the_prompts_spelling_and_k_per_generated_token(drafter):
+    """The draft's cache: the prompt's draft tokens (K per prompt token unfitted; the fitted
+    prompts' longest spelling, `fit_prompts`; the draft prompts' width) + K per generated token
+    (max_decode_len + gamma + 2) + K + gamma; `need` is a batch's own, from the tables."""
+    drafter, params = drafter
+    tables = cross_tables.build_tables(
+        _trained(DRAFT_TEXT, 280, "</s>"), _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    )
+    lengths, k = tables.spelling_lengths, drafter.width
+    np.testing.assert_array_equal(drafter.spelling_lengths, lengths)
+    batch = {"prompt": jnp.zeros((2, 20), jnp.int32), "prompt_lengths": jnp.full((2,), 20)}
+    config = decoding.DecodeConfig(100, (0,), gamma=4)
+    reserve = k * 106 + k + 4
+    assert drafter.cache_length(batch, config) == k * 20 + reserve  # unfitted: the worst case
+    short = [[1, 2, 3], [4, 5]]
+    fitted = drafter.fit_prompts(short)
+    spelled = max(int(np.sum(lengths[p])) for p in short)
+    assert fitted.prompt_slots == spelled < k * 20
+    assert fitted.cache_length(batch, config) == spelled + reserve
+    assert fitted.prompt_window(batch, config) == spelled
+    assert fitted != drafter  # a jit key of its own
+    rows = jnp.asarray([[1, 2, 3, 0], [4, 5, 0, 0]], jnp.int32)
+    mine = {"prompt": rows, "prompt_lengths": jnp.asarray([3, 2], jnp.int32)}
+    assert fitted.need(mine, config) == spelled + reserve
+    own = {**batch, cross_vocab.DRAFT_PROMPT: jnp.zeros((2, 9), jnp.int32)}
+    assert drafter.cache_length(own, config) == 9 + reserve
 
 
 def write_bpe_model(vocabulary, path: pathlib.Path, seed: int) -> pathlib.Path:
@@ -113,6 +244,7 @@ def test_drafts_of_two_tokenizers_in_one_job(tmp_path):
     through the tables while a draft with DRAFT_VOCABULARY's (the target's) is fitted as usual:
     both as variants of one job."""
     from speculative.jobs import common
+    from speculative.loading import specs as ml
     from speculative.models import decoder
 
     alphabet = {b: c for c, b in cross_tables.gpt2_byte_alphabet().items()}
@@ -144,4 +276,3 @@ def test_partitioned_on_4_host_devices(tmp_path):
     helpers.run_pytest_on_host_devices(
         ["tests/test_cross_vocab_sharded.py"], tmp_path / "cross.xml", min_tests=2, devices=4
     )
-    from speculative.loading import specs as ml

@@ -157,6 +157,8 @@ class Drafter(Protocol):
     # (drafts/cross_vocab.py): outside_mass(state) -> [B, G] float32, the draft's probability
     # outside what it may propose at each of the round's proposals; the loop sums it over each
     # row's proposed positions into `DecodeStats.outside_mass`.
+    #   draft_stalls(state) -> [B] bool, rows whose draft skipped this round's catch-up (its cache
+    #   full); the loop counts them, while active, into `DecodeStats.draft_stalls`.
 
 
 class StatelessDrafter:

@@ -287,6 +287,9 @@ def _speculative_round(
     prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
     stats = _count_round(s.stats, active, v, proposed, emitted, target_logits, draft_logits, config)
     stats = _count_outside(stats, drafter, draft_state, proposed, active)
+    if stats.draft_stalls is not None:  # a draft whose catch-up can stall (cross-vocabulary)
+        stalled = drafter.draft_stalls(draft_state) & active
+        stats = stats.replace(draft_stalls=stats.draft_stalls + stalled.astype(jnp.int32))
     return emitted_state.replace(
         target=target_state.replace(index=pos),
         draft=draft_state,
@@ -395,4 +398,6 @@ def speculative_loop(
     if hasattr(drafter, "outside_mass"):  # counted only for a draft that reports it
         zeros = jnp.zeros(pos.shape, jnp.float32)
         init = init.replace(stats=init.stats.replace(outside_mass=zeros))
+    if hasattr(drafter, "draft_stalls"):  # counted only for a draft whose catch-up can stall
+        init = init.replace(stats=init.stats.replace(draft_stalls=jnp.zeros(pos.shape, jnp.int32)))
     return _output(_while_not_done(body, init), config, partitioner)

@@ -38,6 +38,9 @@ class DecodeStats:
       outside_mass: float32, the draft's probability outside the tokens it may propose, summed
         over its proposals (a cross-vocabulary draft's `outside_mass`; divide by `drafted` for
         the share); None for every other draft.
+      draft_stalls: int32, rounds whose catch-up the draft skipped because the row's text had
+        outgrown its capped cache (a cross-vocabulary draft's `draft_stalls`; still exact, fewer
+        acceptances); None for every other draft.
     Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
     `stats["alpha"]`, as earlier releases returned a dict.
     """
@@ -54,6 +57,7 @@ class DecodeStats:
     nan_draft_logits: jax.Array
     accepted_rank: jax.Array | None = None
     outside_mass: jax.Array | None = None
+    draft_stalls: jax.Array | None = None
 
     @classmethod
     def zeros(

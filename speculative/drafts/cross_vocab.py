@@ -27,12 +27,15 @@ children are fed, so a tree's accepted path is in the draft's cache up to its la
 next anchor); decoder-only pairs. The draft model's probability outside the intersection
 (softmax of its raw logits) is reported per proposal (`outside_mass`).
 
-Cache: a target token costs the draft up to K slots, so the draft's cache holds
-K * (prompt width + max_decode_len + gamma + 2) + gamma slots (the draft prompts' width in place
-of K * prompt width where the batch carries them), capped at the draft model's context; a capped
-draft is fed the last draft tokens of its prompt that fit, and a row whose text outgrows the
-cache stops feeding the draft (`stalled`): its proposals are still drawn from the q returned
-with them, so the output stays exact, with fewer acceptances (a warning).
+Cache: sized so that no row outgrows it unless the draft's context caps it. The prompt takes
+its spelling (the draft prompts' width, else the longest spelling of the prompts the drafter was
+fitted to, `fit_prompts`, as the jobs do; unfitted, K per prompt token); the generation K *
+(max_decode_len + gamma + 2) slots (no spelling is longer), plus K + gamma of slack. Where the draft model's context caps the cache below that, the
+draft is fed the last draft tokens of its prompt that fit, and a row whose text outgrows the cache
+stops feeding the draft (`stalled`): its proposals are still drawn from the q returned with them,
+so the output stays exact, with fewer acceptances. Neither is silent: `validate` logs a warning
+when a batch needs more than the cache (computed on the host from the tables' spelling lengths),
+and the loop counts each row's stalled rounds (`DecodeStats.draft_stalls`).
 """
 
 from __future__ import annotations
@@ -52,10 +55,10 @@ from speculative.data import inputs
 from speculative.decoding.checks import to_host, validate_batch
 from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftContext, StatelessDrafter
+from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.state import constrain, prefill
 from speculative.decoding.tree import TreeShape, grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
-from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.vocab.cross_tables import CrossTables
 
 log = logging.getLogger(__name__)
@@ -169,14 +172,20 @@ def _check_own_prompts(batch: dict[str, jax.Array]) -> None:
 
 
 @functools.cache
-def _warn_capped(cache: int, worst: int, window: int, width: int) -> None:
-    """One warning per capped cache size (each batch is validated)."""
-    log.warning(
-        f"cross-vocabulary draft: its cache is capped at its context, {cache} slots (the worst "
-        f"case for K = {width} draft tokens per target token is {worst}): it is fed the prompt's "
-        f"last {window} draft tokens, and a row whose text outgrows the cache stops feeding it "
-        "(still exact; fewer acceptances)"
-    )
+def _warn_short(cache: int, need: int, capped: bool) -> None:
+    """One warning per cache size and need (each batch is validated): capped, the draft model's
+    context is what limits the cache, else the prompts `fit_prompts` saw were shorter."""
+    if capped:
+        log.warning(
+            f"cross-vocabulary draft cache capped at {cache} slots by the draft's context (needs "
+            f"{need}): rows may stop feeding the draft; output stays exact"
+        )
+    else:
+        log.warning(
+            f"cross-vocabulary draft cache of {cache} slots is sized for the prompts it was "
+            f"fitted to (`fit_prompts`); this batch needs {need}: the draft is fed the end of "
+            "its prompt; output stays exact"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +196,10 @@ class CrossVocabDrafter(StatelessDrafter):
     target_vocab_size: the target model's output ids (what proposals and q range over).
     width: K, the most draft tokens a target token is spelled with.
     draft_eos: the draft's EOS id (the prompt of a row that spells to nothing).
+    prompt_slots: the most draft tokens a prompt it decodes spells to (`fit_prompts`); 0: K per
+      target prompt token (module doc).
+    spelling_lengths: the tables' spelling_lengths [Vt] on the host (`make_drafter`), for
+      `fit_prompts` and `validate`'s check of a batch's need; not part of the jit key.
     Its params: {"model": the draft's weights, "tables": `CrossTables.arrays()`}.
     """
 
@@ -194,6 +207,8 @@ class CrossVocabDrafter(StatelessDrafter):
     target_vocab_size: int
     width: int
     draft_eos: int
+    prompt_slots: int = 0
+    spelling_lengths: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -213,38 +228,68 @@ class CrossVocabDrafter(StatelessDrafter):
         validate_batch(self.model, batch, config)  # decoder-only inputs, as the target's
         if DRAFT_PROMPT in batch:
             _check_own_prompts(batch)
-        gamma, worst = config.gamma or 1, self._worst_case(batch, config)
+        gamma = config.gamma or 1
         cache, window = self.cache_length(batch, config), self.prompt_window(batch, config)
         if cache - window < self.width + gamma + 2:
             raise ValueError(
                 f"the cross-vocabulary draft's context max_seq_len={cache} is too small for "
                 f"K = {self.width} draft tokens per target token and gamma {gamma}"
             )
-        if cache < worst:
-            _warn_capped(cache, worst, window, self.width)
+        need = self.need(batch, config)
+        if cache < need:  # capped by the context (named with what it would hold), or fitted short
+            uncapped = self._prompt_tokens(batch) + self._reserve(config)
+            capped = cache < uncapped
+            _warn_short(cache, uncapped if capped else need, capped)
 
-    def _worst_case(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
+    def fit_prompts(self, prompts: Sequence[Sequence[int]]) -> CrossVocabDrafter:
+        """This drafter with its cache sized for `prompts` (target ids; every prompt it will
+        decode, on the host): `prompt_slots` is their longest spelling in draft tokens (at least
+        1). Unchanged without the tables' lengths (`make_drafter` gives them) or prompts."""
+        if self.spelling_lengths is None or not prompts:
+            return self
+        lengths = np.asarray(self.spelling_lengths)
+        longest = max(int(np.sum(lengths[np.asarray(p, np.int64)])) for p in prompts)
+        return dataclasses.replace(self, prompt_slots=max(longest, 1))
+
+    def _reserve(self, config: DecodeConfig) -> int:
+        """The slots the generation takes: K for each of max_decode_len + gamma + 2 target
+        tokens (no spelling is longer), K + gamma more."""
         gamma = config.gamma or 1
-        return self._prompt_tokens(batch) + self.width * (config.max_decode_len + gamma + 2) + gamma
+        return self.width * (config.max_decode_len + gamma + 2) + self.width + gamma
 
     def _prompt_tokens(self, batch: dict[str, jax.Array]) -> int:
-        """The most draft tokens a row's prompt has: the width of the draft's own prompts
-        (`with_draft_prompts`), else K per target prompt token."""
+        """The draft tokens a row's prompt is given room for: the width of the draft's own
+        prompts (`with_draft_prompts`), else K per target prompt token, at most the fitted
+        prompts' longest spelling (`prompt_slots`)."""
         if DRAFT_PROMPT in batch:
             return int(batch[DRAFT_PROMPT].shape[1])
-        return self.width * int(batch["prompt"].shape[1])
+        worst = self.width * int(batch["prompt"].shape[1])
+        return min(worst, self.prompt_slots) if self.prompt_slots else worst
+
+    def need(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
+        """Draft cache slots this batch needs so that no row stalls (host, concrete batch): its
+        longest prompt in draft tokens (spelled through the tables' lengths where the drafter has
+        them, else K per prompt token) plus the generation's reserve."""
+        if DRAFT_PROMPT in batch:
+            prompt = int(np.max(to_host(batch[DRAFT_LENGTHS])))
+        elif self.spelling_lengths is None:
+            prompt = self.width * int(batch["prompt"].shape[1])
+        else:
+            ids, lengths = to_host(batch["prompt"]), to_host(batch["prompt_lengths"])
+            valid = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+            spelled = np.asarray(self.spelling_lengths)[np.asarray(ids, np.int64)]
+            prompt = max(int(np.max(np.sum(np.where(valid, spelled, 0), axis=1))), 1)
+        return prompt + self._reserve(config)
 
     def cache_length(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
-        """Draft cache slots for this decode: the worst case (module doc), capped at the draft
-        model's context."""
-        worst, limit = self._worst_case(batch, config), self.model.max_length
-        return worst if limit is None else min(worst, limit)
+        """Draft cache slots for this decode (module doc), capped at the draft's context."""
+        want, limit = self._prompt_tokens(batch) + self._reserve(config), self.model.max_length
+        return want if limit is None else min(want, limit)
 
     def prompt_window(self, batch: dict[str, jax.Array], config: DecodeConfig) -> int:
-        """Draft tokens of the prompt's spelling the draft is fed (its last ones): all of them
-        unless the cache is capped, then what the worst-case generation leaves, at least half."""
-        cache, gamma = self.cache_length(batch, config), config.gamma or 1
-        reserve = self.width * (config.max_decode_len + gamma + 2) + gamma
+        """Draft tokens of the prompt's spelling the draft is fed (its last ones): what the
+        generation leaves of the cache, at least half of it."""
+        cache, reserve = self.cache_length(batch, config), self._reserve(config)
         return max(1, min(self._prompt_tokens(batch), max(cache - reserve, cache // 2)))
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
@@ -284,6 +329,11 @@ class CrossVocabDrafter(StatelessDrafter):
     def outside_mass(self, state: CrossState) -> jax.Array:
         """[B, G] the draft's probability outside the intersection at this round's proposals."""
         return state.outside
+
+    def draft_stalls(self, state: CrossState) -> jax.Array:
+        """[B] bool: rows whose catch-up this round was skipped, their text having outgrown a
+        capped cache (module doc); the loop counts them into `DecodeStats.draft_stalls`."""
+        return state.stalled
 
     def propose(
         self,
@@ -392,6 +442,8 @@ def make_drafter(
             f"cross-vocabulary tables are for {tables.to_target.shape[0]} draft ids, the draft "
             f"model has {model.vocab_size}"
         )
-    drafter = CrossVocabDrafter(model, size, tables.width, tables.draft_eos)
+    drafter = CrossVocabDrafter(
+        model, size, tables.width, tables.draft_eos, spelling_lengths=tables.spelling_lengths
+    )
     arrays = {k: jnp.asarray(np.asarray(v, np.int32)) for k, v in tables.arrays().items()}
     return drafter, {"model": params, "tables": arrays}

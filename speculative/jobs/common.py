@@ -185,31 +185,40 @@ def cross_draft_bytes(
 ) -> dict[str, int]:
     """Bytes per device of a draft with its own tokenizer: "draft params" (its weights in
     param_dtype, placed by the draft rules), "draft cache" (its decode state for B = batch_size
-    rows of `drafter.cache_length`: K * (input_len + max_decode_len + gamma + 2) + gamma slots,
-    capped at the draft model's context) and "tables" (int32 to_target [Vd], to_draft [Vt],
-    spelling [Vt, K] and spelling_lengths [Vt], replicated)."""
+    rows of `drafter.cache_length`: the prompt's draft tokens (K * input_len, at most the fitted
+    prompts' longest spelling, `CrossVocabDrafter.fit_prompts`) + K * (max_decode_len + gamma +
+    2) + K + gamma slots, capped at the draft model's context) and "tables" (int32 to_target [Vd], to_draft [Vt],
+    spelling [Vt, K] and spelling_lengths [Vt], replicated). The cache is `state_bytes`'s at
+    that length, as any draft's."""
     model, rules = drafter.model, partitioning.DRAFT_RULES
     prompt = {"prompt": jax.ShapeDtypeStruct((batch_size, input_len), jnp.int32)}
     config = DecodeConfig(max_decode_len, (0,), gamma=gamma)
+    args = (batch_size, input_len, max_decode_len, gamma)
     length = drafter.cache_length(prompt, config)
-    shapes = jax.eval_shape(
-        lambda p, b: model.init_state(p, b, length), partitioning.param_shapes(model), prompt
-    )
-    logical = base.decode_state_axes(shapes, partitioning.cache_heads_axis(model))
-    resolved = partitioning.resolve_rules(model, rules, mesh_shape)
-    specs = jax.tree_util.tree_leaves(logical, is_leaf=partitioning.is_spec)
-    cache = sum(
-        array_bytes_per_device(
-            leaf.shape, leaf.dtype, partitioning.mesh_axes(spec, resolved), mesh_shape
-        )
-        for leaf, spec in zip(jax.tree_util.tree_leaves(shapes), specs, strict=True)
-    )
     target = drafter.target_vocab_size
     return {
         "draft params": param_bytes(model, rules, mesh_shape, param_dtype),
-        "draft cache": cache,
+        "draft cache": state_bytes(model, rules, mesh_shape, *args, cache_length=length),
         "tables": 4 * (model.vocab_size + target * (drafter.width + 2)),
     }
+
+
+def cross_draft_parts(
+    loaded: ml.Loaded | None,
+    mesh_shape: Mapping[str, int] | None,
+    batch_size: int,
+    input_len: int,
+    max_decode_len: int,
+    gamma: int,
+    param_dtype: Any,
+) -> dict[str, int] | None:
+    """`cross_draft_bytes` of a loaded draft with its own tokenizer (the jobs' memory lines count
+    it with `memory.job_report(draft_parts=...)`), else None (no draft, or any other draft)."""
+    if loaded is None or not isinstance(loaded.model, cross_vocab.CrossVocabDrafter):
+        return None
+    mesh = dict(mesh_shape or {"data": 1, "model": 1})
+    args = (batch_size, input_len, max_decode_len, max(gamma, 1))
+    return cross_draft_bytes(loaded.model, mesh, *args, param_dtype)
 
 
 def with_shortlists(
@@ -219,12 +228,25 @@ def with_shortlists(
     prompts: Sequence[Sequence[int]],
 ) -> LoadedModels:
     """Each draft with the shortlist head its spec asks for, fitted to every prompt of the job,
-    and staged (prompt lookup proposing the draft model's tokens) where its spec asks."""
+    and staged (prompt lookup proposing the draft model's tokens) where its spec asks; a draft
+    with its own tokenizer has its cache sized for the job's prompts (`fit_cross_prompts`)."""
     shortlisted = tuple(
-        ml.with_staging(ml.with_shortlist(loaded, spec, vocabulary, prompts, role), spec, role)
+        fit_cross_prompts(
+            ml.with_staging(ml.with_shortlist(loaded, spec, vocabulary, prompts, role), spec, role),
+            prompts,
+        )
         for loaded, (role, spec) in zip(models.drafts, drafts)
     )
     return dataclasses.replace(models, drafts=shortlisted)
+
+
+def fit_cross_prompts(loaded: ml.Loaded, prompts: Sequence[Sequence[int]]) -> ml.Loaded:
+    """A draft with its own tokenizer with its cache's prompt part sized for the job's prompts
+    (`CrossVocabDrafter.fit_prompts`: their longest spelling, not K per prompt token); any other
+    draft unchanged."""
+    if not isinstance(loaded.model, cross_vocab.CrossVocabDrafter):
+        return loaded
+    return dataclasses.replace(loaded, model=loaded.model.fit_prompts(prompts))
 
 
 def param_dtype(loaded: ml.Loaded) -> Any:

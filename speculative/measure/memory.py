@@ -97,11 +97,15 @@ def state_bytes(
     input_len: int,
     max_decode_len: int,
     gamma: int,
+    cache_length: int | None = None,
 ) -> int:
-    """Bytes per device of the decode state: KV cache, index, and (T5) encoder mask + cross K/V."""
+    """Bytes per device of the decode state: KV cache, index, and (T5) encoder mask + cross K/V.
+
+    cache_length: the decoder cache's slots where the model's own formula (`cache_len`) is not
+    what is allocated (a draft with another tokenizer: `CrossVocabDrafter.cache_length`)."""
     rules = partitioning.resolve_rules(model, rules, mesh_shape)
     partitioning.check_batch_size(batch_size, mesh_shape, rules)
-    length = cache_len(model, input_len, max_decode_len, gamma)
+    length = cache_length or cache_len(model, input_len, max_decode_len, gamma)
     shapes = _state_shapes(model, batch_size, input_len, length)
     logical = base.decode_state_axes(shapes, partitioning.cache_heads_axis(model))
     return _tree_bytes(shapes, logical, rules, mesh_shape)
@@ -229,10 +233,13 @@ def job_report(
     gamma: int,
     param_dtype: Any,
     mesh_shape: Mapping[str, int] | None = None,
+    draft_parts: Mapping[str, int] | None = None,
 ) -> str:
     """One line of bytes per device (params and decode state, target and draft) for a job's log.
 
     mesh_shape defaults to one device ({"data": 1, "model": 1}), how the jobs decode today.
+    draft_parts: the draft's bytes by part where the caller counts them (a draft with another
+    tokenizer, `draft` None: `jobs.common.cross_draft_bytes`, its params, cache and tables).
     """
     mesh_shape = dict(mesh_shape or {"data": 1, "model": 1})
     args = (batch_size, input_len, max_decode_len, gamma)
@@ -245,6 +252,7 @@ def job_report(
             draft, partitioning.DRAFT_RULES, mesh_shape, param_dtype
         )
         parts["draft cache"] = state_bytes(draft, partitioning.DRAFT_RULES, mesh_shape, *args)
+    parts.update(draft_parts or {})
     mesh = "x".join(str(n) for n in mesh_shape.values())
     items = ", ".join(f"{k} {v / GIB:.3f}" for k, v in parts.items())
     return f"memory per device (GiB, mesh {mesh}): {items}; total {sum(parts.values()) / GIB:.3f}"

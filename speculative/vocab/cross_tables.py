@@ -14,12 +14,18 @@ Tokens whose bytes are partial UTF-8 (one byte of a multi-byte character) need n
   to_draft [Vt]: its inverse (-1 outside the intersection's image).
   spelling [Vt, K], spelling_lengths [Vt]: each target token as the fewest draft tokens whose
     bytes concatenate to its bytes (0..K of them), so the draft can catch up on what the target
-    emitted. A stop token is spelled as the draft's EOS, BOS and pad as the draft's own (when it
+    emitted. K, the catch-up width (`choose_width`), is the smallest that spells WIDTH_COVERAGE
+    (99%) of the target's spelled tokens, at most MAX_WIDTH (8), not the longest spelling: every
+    round feeds the draft K + 1 tokens per row and its cache is sized K slots per target token, so
+    a handful of rare long tokens (27 SmolLM2 tokens for one Qwen2.5 token) would set the cost of
+    every round. A target token whose spelling is longer than K is spelled as nothing and listed
+    in `too_long`. A stop token is spelled as the draft's EOS, BOS and pad as the draft's own (when it
     has one); any other special token is spelled as nothing and listed in `unspelled` (the
     documented fallback: the draft does not see it). So is a target token with bytes that no draft
     tokens spell (a single byte that is never valid UTF-8, say), up to MAX_UNSPELLABLE of the
-    target's ids; past that, a ValueError names the first. Either way only the draft's view of the
-    text loses those tokens: q, never the target's rule, so the output stays exact.
+    target's ids; past that, a ValueError names the first. Either way (and for `too_long`) only
+    the draft's view of the text loses those tokens: q, never the target's rule, so the output
+    stays exact.
 Where several ids of one vocabulary decode to the same bytes (SentencePiece's "▁" and "<0x20>"),
 one stands for them: the first that is not a byte-fallback piece.
 """
@@ -42,6 +48,11 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # byte-level BPE draft without some single bytes (SmolLM2 has no 0xC0, 0xF5..0xFF or a few control
 # bytes) still drafts for Qwen2.5; a pair that barely shares its bytes is refused.
 MAX_UNSPELLABLE = 0.01
+# The catch-up width K (`choose_width`): the smallest width that spells this share of the target's
+# spelled tokens, counted over the vocabulary (text weighs toward short tokens, so the share of
+# emitted tokens it spells is higher), and never more than MAX_WIDTH draft tokens.
+WIDTH_COVERAGE = 0.99
+MAX_WIDTH = 8
 
 
 def gpt2_byte_alphabet() -> dict[str, int]:
@@ -169,6 +180,27 @@ def spell(data: bytes, pieces: dict[bytes, int], longest: int) -> list[int] | No
     return None if best[0] is None else best[0][1]
 
 
+def choose_width(
+    lengths: Sequence[int] | np.ndarray,
+    coverage: float = WIDTH_COVERAGE,
+    max_width: int | None = MAX_WIDTH,
+) -> int:
+    """K: the smallest width >= 1 whose spellings cover `coverage` of the spelled tokens (lengths
+    > 0; each target token's spelling length in draft tokens), capped at max_width (None: no cap;
+    coverage 1 and no cap: the longest spelling)."""
+    if not 0 < coverage <= 1:
+        raise ValueError(f"the catch-up width's coverage must be in (0, 1], got {coverage}")
+    if max_width is not None and max_width < 1:
+        raise ValueError(f"the catch-up width's cap must be >= 1, got {max_width}")
+    spelled = np.sort(np.asarray(lengths)[np.asarray(lengths) > 0])
+    if spelled.size == 0:
+        return 1
+    # the ceil(coverage * n)-th shortest spelling (a tolerance so that 0.99 * 100 is 99)
+    index = max(int(np.ceil(coverage * spelled.size - 1e-9)), 1) - 1
+    width = max(1, int(spelled[index]))
+    return width if max_width is None else min(width, max_width)
+
+
 @dataclasses.dataclass(frozen=True)
 class CrossTables:
     """The tables of the module doc, as numpy arrays sized to the two models' output ids."""
@@ -180,11 +212,23 @@ class CrossTables:
     draft_eos: int
     unspelled: tuple[int, ...]  # target ids spelled as nothing: specials without a role, and
     # plain tokens no draft tokens spell
+    too_long: tuple[int, ...] = ()  # target ids whose spelling is longer than K: spelled as nothing
+    longest: int = 0  # the longest spelling in draft tokens (K when nothing is too long)
+    width_coverage: float = 1.0  # the share of the spelled target tokens whose spelling fits K
 
     @property
     def width(self) -> int:
-        """K: the most draft tokens a target token is spelled with."""
+        """K: the most draft tokens a target token is spelled with (`choose_width`)."""
         return int(self.spelling.shape[1])
+
+    @property
+    def slots_per_token(self) -> float:
+        """The mean spelling length of the spelled target tokens (at most K), rounded up to
+        hundredths: what a target token costs the draft on average (`describe`). The draft's
+        cache is not sized by it (`CrossVocabDrafter.cache_length`: K per generated token, so
+        that no row stalls)."""
+        spelled = self.spelling_lengths[self.spelling_lengths > 0]
+        return float(np.ceil(100 * np.mean(spelled)) / 100) if spelled.size else 1.0
 
     def coverage(self, target_used: int) -> float:
         """The share of the target's used ids that are in the intersection."""
@@ -249,11 +293,14 @@ def build_tables(
     target: Vocabulary,
     draft_size: int | None = None,
     target_size: int | None = None,
+    coverage: float = WIDTH_COVERAGE,
+    max_width: int | None = MAX_WIDTH,
 ) -> CrossTables:
     """The tables for a draft over `draft` proposing for a target over `target` (module doc).
 
     draft_size / target_size: the models' output ids (default: each vocabulary's used size); ids
     past a vocabulary's used size are padding (-1, spelled as nothing).
+    coverage / max_width: how K is chosen (`choose_width`; 1.0 and None: the longest spelling).
     """
     draft_size = used_size(draft) if draft_size is None else draft_size
     target_size = used_size(target) if target_size is None else target_size
@@ -272,22 +319,42 @@ def build_tables(
     roles = _role_spellings(draft, target)
     spelled, unspelled = _spellings(target_bytes, pieces, roles, used_size(target))
     spelled += [[]] * (target_size - len(spelled))
-    width = max(1, max(len(s) for s in spelled))
+    full = np.asarray([len(s) for s in spelled], np.int32)
+    width = choose_width(full, coverage, max_width)
+    too_long = np.flatnonzero(full > width)
     spelling = np.full((target_size, width), draft.eos_id, np.int32)
     for i, ids in enumerate(spelled):
-        spelling[i, : len(ids)] = ids
-    lengths = np.asarray([len(s) for s in spelled], np.int32)
-    return CrossTables(to_target, to_draft, spelling, lengths, draft.eos_id, tuple(unspelled))
+        if len(ids) <= width:
+            spelling[i, : len(ids)] = ids
+    lengths = np.where(full > width, 0, full).astype(np.int32)
+    return CrossTables(
+        to_target,
+        to_draft,
+        spelling,
+        lengths,
+        draft.eos_id,
+        tuple(unspelled),
+        too_long=tuple(int(i) for i in too_long),
+        longest=int(full.max(initial=0)),
+        width_coverage=float(np.mean(full[full > 0] <= width)) if np.any(full > 0) else 1.0,
+    )
 
 
 def describe(tables: CrossTables, target_used: int) -> str:
-    """One line for logs: the intersection's coverage, K and the special ids spelled as nothing."""
+    """One line for logs: the intersection's coverage, K (and the share of the target's spelled
+    tokens it covers, the longest spelling) and the ids spelled as nothing."""
     shown = list(tables.unspelled[:10]) + (["..."] if len(tables.unspelled) > 10 else [])
     extra = f"; {len(tables.unspelled)} target ids spelled as nothing: {shown}"
+    long = (
+        f" (K covers {100 * tables.width_coverage:.2f}% of the spelled target tokens; "
+        f"{len(tables.too_long)} spelled in more, up to {tables.longest}, are spelled as nothing)"
+    )
     return (
         f"cross-vocabulary draft: {int(np.sum(tables.to_target >= 0))} draft tokens map to one "
         f"target token each ({100 * tables.coverage(target_used):.1f}% of the target's "
-        f"{target_used}); target tokens spelled in up to {tables.width} draft tokens"
+        f"{target_used}); target tokens spelled in up to K = {tables.width} draft tokens, "
+        f"{tables.slots_per_token:.2f} on average"
+        + (long if tables.too_long else "")
         + (extra if tables.unspelled else "")
     )
 

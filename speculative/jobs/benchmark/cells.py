@@ -102,7 +102,12 @@ def print_point(v: Variant, p: Point) -> None:
         f"{p.speedup:.2f}x (decode only {p.decode_speedup:.2f}x, Thm 3.8 "
         f"{p.predicted_speedup:.2f}x), plain {p.plain_tok_s:.2f} tok/s, speculative "
         f"{p.speculative_tok_s:.2f} tok/s"
-        + ("" if p.target_mean_logprob is None else f", logp {p.target_mean_logprob:.3f}"),
+        + ("" if p.target_mean_logprob is None else f", logp {p.target_mean_logprob:.3f}")
+        + (
+            ""
+            if p.draft_mass_outside is None
+            else f", draft mass outside the shared tokens {p.draft_mass_outside:.3f}"
+        ),
     )
 
 

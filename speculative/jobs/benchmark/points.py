@@ -37,6 +37,10 @@ class Point:
       sampling work);
     c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
     generated token of these outputs (None unless BenchmarkConfig.score_outputs).
+    draft_mass_outside: a draft with another tokenizer's probability (softmax of its own logits)
+    outside the token-level intersection per drafted token, pooled over every output
+    (`metrics.summarize`), where acceptance is lost; draft_mass_outside_rows: the same per example
+    (row), in batch order. Both None for a draft of the target's tokenizer.
     """
 
     gamma: int
@@ -77,6 +81,8 @@ class Point:
     c: float = float("nan")
     draft_step_s: float = float("nan")
     target_mean_logprob: float | None = None
+    draft_mass_outside: float | None = None
+    draft_mass_outside_rows: list[float] | None = None
 
 
 def pooled(timed: Timed) -> dict[str, Any]:
@@ -85,6 +91,17 @@ def pooled(timed: Timed) -> dict[str, Any]:
     stats = metrics.concat_rows([o.stats for o in outputs])
     lengths = np.concatenate([np.asarray(o.lengths) for o in outputs])
     return metrics.summarize(stats, lengths)
+
+
+def outside_rows(timed: Timed) -> list[float] | None:
+    """Per example (row, in batch order): the draft's mass outside the intersection per drafted
+    token (`DecodeStats.outside_mass` / drafted); None unless the draft reports it."""
+    stats = [o.stats for o in timed.outputs]
+    if not stats or any(st.outside_mass is None for st in stats):
+        return None
+    mass = np.concatenate([np.asarray(st.outside_mass, np.float64) for st in stats])
+    drafted = np.concatenate([np.asarray(st.drafted) for st in stats])
+    return [float(m) for m in mass / np.maximum(drafted, 1)]
 
 
 def greedy_identical(plain: Timed, spec: Timed, greedy: bool, variant: Variant) -> bool | None:
@@ -186,4 +203,6 @@ def make_point(
         c=costs["c"],
         draft_step_s=costs["draft_step_s"],
         target_mean_logprob=logprob,
+        draft_mass_outside=summary.get("draft_mass_outside"),
+        draft_mass_outside_rows=outside_rows(spec),
     )

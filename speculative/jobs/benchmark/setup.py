@@ -121,6 +121,12 @@ def memory_shortfall(setup: Setup, s: Settings, batch_size: int) -> str | None:
             usable_fraction=0.8,
         )
         draft_cache = plan.draft_cache if draft_model is not None else 0
+        cross = common.cross_draft_parts(
+            draft, None, batch_size, setup.width, s.inputs.max_decode_len, s.sweep.max_gamma,
+            common.param_dtype(setup.target),
+        )  # fmt: skip
+        if cross is not None:  # a draft with its own tokenizer: its cache and its tables
+            draft_cache = cross["draft cache"] + cross["tables"]
         need = max(need, plan.target_cache + draft_cache + plan.workspace)
         usable = plan.usable
     if need <= usable:
@@ -130,6 +136,8 @@ def memory_shortfall(setup: Setup, s: Settings, batch_size: int) -> str | None:
 
 def print_memory(setup: Setup, s: Settings) -> None:
     gamma, partitioner = s.sweep.max_gamma, s.models.partitioner
+    mesh = None if partitioner is None else partitioner.mesh_shape
+    dtype = common.param_dtype(setup.target)
     for batch_size in s.sweep.batch_sizes:
         report = memory.job_report(
             setup.target.model,
@@ -138,7 +146,10 @@ def print_memory(setup: Setup, s: Settings) -> None:
             input_len=setup.width,
             max_decode_len=s.inputs.max_decode_len,
             gamma=gamma,
-            param_dtype=common.param_dtype(setup.target),
-            mesh_shape=None if partitioner is None else partitioner.mesh_shape,
+            param_dtype=dtype,
+            mesh_shape=mesh,
+            draft_parts=common.cross_draft_parts(
+                setup.draft, mesh, batch_size, setup.width, s.inputs.max_decode_len, gamma, dtype
+            ),  # a draft with its own tokenizer: its params, cache and tables
         )
         log.info(f"batch {batch_size}, gamma {gamma}: {report}")

@@ -199,13 +199,18 @@ def memory_report(
     if s.tree is not None:  # the cache holds a whole tree's block, its nodes + 1
         gamma = s.tree.size
     partitioner = s.models.partitioner
+    mesh = None if partitioner is None else partitioner.mesh_shape
+    args = (s.run.batch_size, max(len(x) for x in ids), s.inputs.max_decode_len, gamma or 0)
+    dtype = common.param_dtype(models.target)
     return memory.job_report(
         models.target.model,
         draft,
-        batch_size=s.run.batch_size,
-        input_len=max(len(x) for x in ids),
-        max_decode_len=s.inputs.max_decode_len,
-        gamma=gamma or 0,
-        param_dtype=common.param_dtype(models.target),
-        mesh_shape=None if partitioner is None else partitioner.mesh_shape,
+        batch_size=args[0],
+        input_len=args[1],
+        max_decode_len=args[2],
+        gamma=args[3],
+        param_dtype=dtype,
+        mesh_shape=mesh,
+        # a draft with its own tokenizer: its params, cache and tables
+        draft_parts=common.cross_draft_parts(models.draft, mesh, *args, dtype),
     )
