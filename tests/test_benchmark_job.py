@@ -84,7 +84,8 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             assert p["speculative_mean_output_tokens"] == p["speculative_tokens"] / 4
             # the bootstrap over those runs (paired with the plain baseline's), recomputable
             interval = bootstrap.speedup_interval(
-                plain_runs, cell["plain_batch_tokens"], runs, p["speculative_batch_tokens"]
+                bootstrap.Runs(plain_runs, cell["plain_batch_tokens"]),
+                bootstrap.Runs(runs, p["speculative_batch_tokens"]),
             )
             assert p["speedup_mean"] == pytest.approx(interval.mean)
             assert p["speedup_ci95"] == pytest.approx([interval.lo, interval.hi])

@@ -81,7 +81,7 @@ def steady_costs(monkeypatch):
     2-core CI machine is noise that can flip the choice; alpha is still measured by decoding,
     and the timing path itself runs for real in the useless-draft test."""
 
-    def costs(target, target_params, draft, draft_params, batch, config, gammas):
+    def costs(work, gammas):
         verify = {g + 1: 1e-3 * (1 + 0.05 * g) for g in gammas}
         return {"target_step_s": 1e-3, "draft_step_s": 1e-4, "c": 0.1, "target_extend_s": verify}
 

@@ -56,7 +56,7 @@ def test_measured_plan_refuses_an_unrelated_draft_as_expensive_as_the_target():
     draft = helpers.tiny_decoder(64, emb=64, layers=2, heads=4, kv_heads=2, seed=7)
     batch = helpers.ragged_prompts(1, batch=2, width=6, vocab=64)
     config = decoding.DecodeConfig(12, (64,))
-    p = planner.measure_and_plan(*target, *draft, batch, config, gammas=(1, 2, 4))
+    p = planner.measure_and_plan(planner.Workload(*target, *draft, batch, config), gammas=(1, 2, 4))
     assert p.alpha < 0.3 and set(p.candidates) == {1, 2, 4}
     assert p.gamma is None, p.describe()
     assert np.isfinite(p.target_step_s) and p.draft_step_s > 0
@@ -68,6 +68,8 @@ def test_measured_plan_with_a_drafter_that_is_not_a_model():
     batch = helpers.ragged_prompts(1, batch=2, width=6, vocab=64)
     config = decoding.DecodeConfig(8, (64,))
     drafter = prompt_lookup.PromptLookupDrafter(64, max_ngram=2)
-    p = planner.measure_and_plan(*target, drafter, (), batch, config, gammas=(1, 2))
+    p = planner.measure_and_plan(
+        planner.Workload(*target, drafter, (), batch, config), gammas=(1, 2)
+    )
     assert 0.0 <= p.alpha <= 1.0 and set(p.candidates) == {1, 2} and p.draft_step_s > 0
     assert planner.Plan.from_json(p.to_json()) == p

@@ -153,8 +153,8 @@ def test_infer_job_plans_a_tree_decodes_as_plain_and_resumes_without_replanning(
     greedy rows equal plain decoding, summary.json names the tree, a resumed run reuses plan.json."""
     monkeypatch.chdir(helpers.ROOT)
 
-    def flat_costs(target, tp, draft, dp, batch, config, gammas, lengths):
-        assert config.tree is None and not config.count_ranks  # timed as chains
+    def flat_costs(work, gammas, lengths):
+        assert work.config.tree is None and not work.config.count_ranks  # timed as chains
         verify = {n: 1e-3 for n in lengths}
         return {"target_step_s": 1e-3, "draft_step_s": 1e-4, "c": 0.1, "target_extend_s": verify}
 
@@ -195,7 +195,9 @@ def test_measured_tree_plan_on_tiny_models():
         assert c.count_ranks and c.tree.widths == (tree_planner.PROBE_WIDTH,) * 2
         return decoding.speculative_loop(*target, *draft, batch, jax.random.PRNGKey(0), config=c)
 
-    p = tree_planner.measure_and_plan(*target, *draft, batch, config, decode, gammas=(1, 2))
+    p = tree_planner.measure_and_plan(
+        planner.Workload(*target, *draft, batch, config), decode, gammas=(1, 2)
+    )
     assert set(p.candidates) == {1, 2} and set(p.tree_candidates) == set(
         tree_planner.candidates((1, 2))
     )

@@ -47,6 +47,15 @@ class Interval:
         return None if self.lo is None or self.hi is None else [self.lo, self.hi]
 
 
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """One program's timed runs: seconds [batches][repeats] (every batch the same repeats) and
+    the tokens it generated per batch [batches]."""
+
+    seconds: Sequence[Sequence[float]]
+    tokens: Sequence[int]
+
+
 def has_interval(plain_s: Sequence[Sequence[float]], spec_s: Sequence[Sequence[float]]) -> bool:
     """Whether both programs' runs [batches][repeats] are enough for an interval: at least
     MIN_BATCHES batches and MIN_REPEATS repeats of each program."""
@@ -71,22 +80,16 @@ def _times(seconds: Sequence[Sequence[float]], role: str) -> np.ndarray:
 
 
 def speedup_resamples(
-    plain_s: Sequence[Sequence[float]],
-    plain_tokens: Sequence[int],
-    spec_s: Sequence[Sequence[float]],
-    spec_tokens: Sequence[int],
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
+    plain: Runs, spec: Runs, resamples: int = RESAMPLES, seed: int = SEED
 ) -> np.ndarray:
     """[resamples] bootstrap speedups (module docstring) of speculative over plain decoding.
 
-    plain_s [B, R_plain], spec_s [B, R_spec]: each program's seconds per batch and repeat, the
-    same B batches in the same order; plain_tokens [B], spec_tokens [B]: tokens each program
-    generated per batch. The same seed gives the same resamples.
+    plain, spec: each program's runs, the same B batches in the same order (any repeats each).
+    The same seed gives the same resamples.
     """
-    plain, spec = _times(plain_s, "plain"), _times(spec_s, "speculative")
-    plain_tok = np.asarray(plain_tokens, dtype=np.float64)
-    spec_tok = np.asarray(spec_tokens, dtype=np.float64)
+    plain_tok = np.asarray(plain.tokens, dtype=np.float64)
+    spec_tok = np.asarray(spec.tokens, dtype=np.float64)
+    plain, spec = _times(plain.seconds, "plain"), _times(spec.seconds, "speculative")
     batches = plain.shape[0]
     if spec.shape[0] != batches or plain_tok.shape != (batches,) or spec_tok.shape != (batches,):
         raise ValueError(
@@ -111,18 +114,13 @@ def speedup_resamples(
 
 
 def speedup_interval(
-    plain_s: Sequence[Sequence[float]],
-    plain_tokens: Sequence[int],
-    spec_s: Sequence[Sequence[float]],
-    spec_tokens: Sequence[int],
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
+    plain: Runs, spec: Runs, resamples: int = RESAMPLES, seed: int = SEED
 ) -> Interval:
     """The bootstrap mean and 95% percentile interval of the speedup (`speedup_resamples`); the
     interval's lo and hi are None below MIN_BATCHES x MIN_REPEATS runs (module docstring)."""
-    values = speedup_resamples(plain_s, plain_tokens, spec_s, spec_tokens, resamples, seed)
+    values = speedup_resamples(plain, spec, resamples, seed)
     mean = float(np.mean(values))
-    if not has_interval(plain_s, spec_s):
+    if not has_interval(plain.seconds, spec.seconds):
         return Interval(mean, None, None)
     lo, hi = np.percentile(values, [2.5, 97.5])
     return Interval(mean, float(lo), float(hi))

@@ -229,30 +229,37 @@ def plan(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a planner decodes and times: the target and the draft (a LanguageModel or a `Drafter`)
+    with their params, one batch, and the job's DecodeConfig (gamma unset)."""
+
+    target: Any
+    target_params: Any
+    draft: Any
+    draft_params: Any
+    batch: dict[str, jax.Array]
+    config: decoding.DecodeConfig
+
+
 def measure_costs(
-    target: Any,
-    target_params: Any,
-    draft: Any,
-    draft_params: Any,
-    batch: dict[str, jax.Array],
-    config: decoding.DecodeConfig,
-    gammas: Sequence[int],
-    verify_lengths: Sequence[int] | None = None,
+    work: Workload, gammas: Sequence[int], verify_lengths: Sequence[int] | None = None
 ) -> dict[str, Any]:
-    """`timing.measure_c` on `batch`: the verify call at every length in `verify_lengths` (default
-    every γ + 1; a tree's node counts + 1 for `tree_planner`), the draft step for a draft model (its
-    one-token step) or for a `Drafter` that is not one (its `propose`, per token, at max γ)."""
-    deepest = dataclasses.replace(config, gamma=max(gammas))
+    """`timing.measure_c` on `work.batch`: the verify call at every length in `verify_lengths`
+    (default every γ + 1; a tree's node counts + 1 for `tree_planner`), the draft step for a draft
+    model (its one-token step) or for a `Drafter` that is not one (its `propose`, per token, at max
+    γ)."""
+    deepest = dataclasses.replace(work.config, gamma=max(gammas))
     if verify_lengths is None:
         verify_lengths = [timing.verify_tokens(g) for g in gammas]
     # the cache holds the longest verify call timed
     longest = dataclasses.replace(
         deepest, gamma=max(deepest.gamma, timing.verify_gamma(max(verify_lengths)))
     )
-    models = [target] if isinstance(draft, Drafter) else [target, draft]
-    cache_len = max(longest.cache_length(m, batch) for m in models)
+    models = [work.target] if isinstance(work.draft, Drafter) else [work.target, work.draft]
+    cache_len = max(longest.cache_length(m, work.batch) for m in models)
     return timing.measure_c(
-        target, target_params, draft, draft_params, batch, cache_len,
+        work.target, work.target_params, work.draft, work.draft_params, work.batch, cache_len,
         verify_lengths=list(verify_lengths), draft_config=deepest,
     )  # fmt: skip
 
@@ -270,34 +277,29 @@ def warmup_config(config: decoding.DecodeConfig, warmup_gamma: int) -> decoding.
 
 
 def measure_and_plan(
-    target: Any,
-    target_params: Any,
-    draft: Any,
-    draft_params: Any,
-    batch: dict[str, jax.Array],
-    config: decoding.DecodeConfig,
+    work: Workload,
     gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
     warmup_gamma: int = 4,
     rng: jax.Array | None = None,
     min_speedup: float = 1.0,
     decode: Callable[[decoding.DecodeConfig], decoding.DecodeOutput] | None = None,
 ) -> Plan:
-    """Measures α on `batch` (a warm-up batch decoded at warmup_gamma) and the step and verify
-    costs at its batch size, then `plan`s. draft: a LanguageModel or a `Drafter`.
+    """Measures α on `work.batch` (a warm-up batch decoded at warmup_gamma) and the step and
+    verify costs at its batch size, then `plan`s.
 
     decode: how the warm-up decode runs, given its config (default: `decoding.speculative_loop` on
-    `batch` with `rng`); a job passes its own (compiled apart, its real rows only). α is pooled by
-    `metrics.summarize` over the rows it returns."""
-    warmup = warmup_config(config, warmup_gamma)
+    `work.batch` with `rng`); a job passes its own (compiled apart, its real rows only). α is
+    pooled by `metrics.summarize` over the rows it returns."""
+    warmup = warmup_config(work.config, warmup_gamma)
     if decode is None:
         rng = jax.random.PRNGKey(0) if rng is None else rng
 
         def decode(c: decoding.DecodeConfig) -> decoding.DecodeOutput:
             return decoding.speculative_loop(
-                target, target_params, draft, draft_params, batch, rng, c
+                work.target, work.target_params, work.draft, work.draft_params, work.batch, rng, c
             )
 
     out = decode(warmup)
-    costs = measure_costs(target, target_params, draft, draft_params, batch, config, gammas)
+    costs = measure_costs(work, gammas)
     alpha = metrics.summarize(out.stats, out.lengths)["alpha"]
     return plan_from_costs(alpha, costs, min_speedup)

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-import jax
 import numpy as np
 
 from speculative import decoding
@@ -147,25 +145,18 @@ def plan_trees(
 
 
 def measure_and_plan(
-    target: Any,
-    target_params: Any,
-    draft: Any,
-    draft_params: Any,
-    batch: dict[str, jax.Array],
-    config: decoding.DecodeConfig,
+    work: planner.Workload,
     decode: Callable[[decoding.DecodeConfig], decoding.DecodeOutput],
     gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
     min_speedup: float = 1.0,
 ) -> planner.Plan:
-    """Decodes `batch` with the probe tree (`decode`, given its config: the job's runner, its real
-    rows only), times the costs on `batch` and `plan_trees`. draft: a LanguageModel or a `Drafter`
-    that grows trees of first children."""
-    out = decode(probe_config(config, max(gammas)))
+    """Decodes `work.batch` with the probe tree (`decode`, given its config: the job's runner, its
+    real rows only), times the costs on it and `plan_trees`. work.draft: a LanguageModel or a
+    `Drafter` that grows trees of first children."""
+    out = decode(probe_config(work.config, max(gammas)))
     lengths = timed_lengths(gammas, candidates(gammas))
-    chain = dataclasses.replace(config, tree=None, count_ranks=False, gamma=max(gammas))
-    costs = planner.measure_costs(
-        target, target_params, draft, draft_params, batch, chain, gammas, lengths
-    )
+    chain = dataclasses.replace(work.config, tree=None, count_ranks=False, gamma=max(gammas))
+    costs = planner.measure_costs(dataclasses.replace(work, config=chain), gammas, lengths)
     counts = np.asarray(out.stats.accepted_rank).sum(0)
     tested = np.asarray(out.stats.verified_at).sum(0)
     return plan_trees(

@@ -132,9 +132,9 @@ def speedup_spread(plain: Timed, spec: Timed) -> dict[str, Any]:
     [batches][repeats], tokens per batch and per example, and the bootstrap mean and 95% interval
     of its speedup over the plain baseline's runs (paired by batch)."""
     interval = bootstrap.speedup_interval(
-        plain.batch_repeat_seconds, plain.batch_tokens,
-        spec.batch_repeat_seconds, spec.batch_tokens,
-    )  # fmt: skip
+        bootstrap.Runs(plain.batch_repeat_seconds, plain.batch_tokens),
+        bootstrap.Runs(spec.batch_repeat_seconds, spec.batch_tokens),
+    )
     return {
         "speculative_batch_repeat_s": spec.batch_repeat_seconds,
         "speculative_batch_tokens": spec.batch_tokens,

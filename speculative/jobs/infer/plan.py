@@ -86,15 +86,13 @@ def plan_gamma(
     def decode(_: decoding.DecodeConfig) -> decoding.DecodeOutput:
         return _decode_rows(decoder, first, nan_error)
 
-    if planning.trees:
-        return tree_planner.measure_and_plan(
-            decoder.target, decoder.target_params, decoder.draft, decoder.draft_params,
-            first.batch, config, decode, planning.gammas,
-        )  # fmt: skip
-    return planner.measure_and_plan(
-        decoder.target, decoder.target_params, decoder.draft, decoder.draft_params, first.batch,
-        config, planning.gammas, planning.warmup_gamma, decode=decode,
+    work = planner.Workload(
+        decoder.target, decoder.target_params, decoder.draft, decoder.draft_params,
+        first.batch, config,
     )  # fmt: skip
+    if planning.trees:
+        return tree_planner.measure_and_plan(work, decode, planning.gammas)
+    return planner.measure_and_plan(work, planning.gammas, planning.warmup_gamma, decode=decode)
 
 
 def _decode_rows(
