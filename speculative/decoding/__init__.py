@@ -10,13 +10,22 @@ The package, read in order (docs/design.md §7):
   model_drafter.py  `ModelDrafter` (the paper's draft: a smaller model), `as_drafter`
   loop.py           the whole decode loop: `autoregressive_loop`, `speculative_loop`
   checks.py         host-side validation and the NaN check
-  api.py            the public calls `autoregressive_decode`, `speculative_decode`
+  api.py            the public calls `autoregressive_decode`, `speculative_decode`, and their
+                    pieces (`resolve_drafter`, `validate_inputs`, `prepare`) the benchmark reuses
 
 `from speculative import decoding; decoding.speculative_decode(...)` is the entry point; every name
 below is part of the public API.
 """
 
-from speculative.decoding.api import autoregressive_decode, place_inputs, speculative_decode
+from speculative.decoding.api import (
+    LoopCall,
+    autoregressive_decode,
+    place_inputs,
+    prepare,
+    resolve_drafter,
+    speculative_decode,
+    validate_inputs,
+)
 from speculative.decoding.checks import NaNLogitsError, check_finite, check_pair, validate_batch
 from speculative.decoding.config import DecodeConfig, GammaPolicy
 from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter
@@ -32,6 +41,7 @@ __all__ = [
     "DraftContext",
     "Drafter",
     "GammaPolicy",
+    "LoopCall",
     "LoopState",
     "ModelDrafter",
     "NaNLogitsError",
@@ -44,7 +54,10 @@ __all__ = [
     "check_pair",
     "place_inputs",
     "prefill",
+    "prepare",
+    "resolve_drafter",
     "speculative_decode",
     "speculative_loop",
     "validate_batch",
+    "validate_inputs",
 ]

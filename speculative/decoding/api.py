@@ -1,8 +1,16 @@
 """The public calls: `autoregressive_decode` and `speculative_decode` validate their inputs,
-place them on a mesh (with a partitioner), run the jitted loop and check for NaN logits."""
+place them on a mesh (with a partitioner), run the jitted loop and check for NaN logits.
+
+Their pieces are what every caller of the loops uses, so there is one implementation of each
+(`measure.runner.Decoder` compiles the same call ahead of time and times it):
+`resolve_drafter` (the draft as a `Drafter`, checked against the target and the tree once),
+`validate_inputs` (a batch), `prepare` (a `LoopCall`: the loop, its placed params and static
+settings, how to place a batch, and the NaN check) and `place_inputs`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +18,7 @@ import jax
 
 from speculative.decoding.checks import check_finite, validate_batch
 from speculative.decoding.config import DecodeConfig, GammaPolicy
-from speculative.decoding.drafter import Drafter
+from speculative.decoding.drafter import Drafter, check_tree
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import as_drafter
 from speculative.decoding.sampling import SamplingConfig
@@ -44,7 +52,7 @@ def autoregressive_decode(
       DecodeOutput with tokens [B, max_decode_len], lengths [B] and per-row `DecodeStats`.
     """
     config = DecodeConfig(max_decode_len, eos_id, sampling)
-    return _run(autoregressive_loop, model, params, None, None, batch, config, rng, partitioner)
+    return _run(model, params, None, None, batch, config, rng, partitioner)
 
 
 def speculative_decode(
@@ -94,35 +102,96 @@ def speculative_decode(
     config = DecodeConfig(
         max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy, acceptance, tree
     )
+    drafter = resolve_drafter(target, draft, config)
+    return _run(target, target_params, drafter, draft_params, batch, config, rng, partitioner)
+
+
+def _run(model, params, drafter, draft_params, batch, config, rng, partitioner) -> DecodeOutput:
+    """Validates, places (with a partitioner) and runs the jitted loop: speculative with a
+    drafter, plain with None. Raises on NaN logits after the loop."""
+    validate_inputs(model, batch, config, drafter)
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    call = prepare(model, params, config, drafter, draft_params, partitioner)
+    return call.finish(call.loop(*call.arguments(batch, rng), **call.static))
+
+
+def resolve_drafter(
+    target: LanguageModel, draft: LanguageModel | Drafter, config: DecodeConfig
+) -> Drafter:
+    """`draft` as a `Drafter` (a LanguageModel as the paper's), checked against `target` and
+    `config.tree` (a DecodeConfig's): done once per decoder, before any batch."""
     drafter = as_drafter(draft)
     drafter.check_target(target)
-    return _run(
-        speculative_loop, target, target_params, drafter, draft_params, batch, config, rng,
-        partitioner,
-    )  # fmt: skip
+    check_tree(drafter, config.tree)
+    return drafter
 
 
-def _run(
-    loop, model, params, drafter, draft_params, batch, config, rng, partitioner
-) -> DecodeOutput:
-    """Validates, places (with a partitioner) and runs a jitted loop; drafter None for plain
-    decoding. Raises on NaN logits after the loop."""
+def validate_inputs(
+    model: LanguageModel, batch: dict[str, jax.Array], config: DecodeConfig, drafter=None
+) -> None:
+    """Raises ValueError when `batch` cannot be decoded by `model` (and `drafter`, if given)."""
     validate_batch(model, batch, config)
     if drafter is not None:
         drafter.validate(batch, config)
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    if partitioner is not None:
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoopCall:
+    """One decode's jitted loop, ready for any batch: `loop(*arguments(batch, rng), **static)`.
+
+    params: the loop's array arguments before the batch, placed on the partitioner's mesh (once):
+      (target params,), or (target params, draft params) with a drafter. A loop compiled ahead
+      from `arguments` takes (*params, *inputs(batch, rng)).
+    static: the loop's static keywords (config, and the partitioner when there is one).
+    """
+
+    loop: Any
+    model: LanguageModel
+    drafter: Drafter | None
+    params: tuple
+    static: dict[str, Any]
+
+    def inputs(self, batch: dict[str, jax.Array], rng: jax.Array) -> tuple:
+        """(batch, rng) as the loop takes them: rows on 'data' and rng replicated on a mesh."""
+        return place_inputs(self.static.get("partitioner"), batch, rng)
+
+    def arguments(self, batch: dict[str, jax.Array], rng: jax.Array) -> tuple:
+        """The loop's positional arguments for `batch` (validate it first)."""
+        batch, rng = self.inputs(batch, rng)
+        if self.drafter is None:
+            return self.model, *self.params, batch, rng
+        params, draft_params = self.params
+        return self.model, params, self.drafter, draft_params, batch, rng
+
+    def finish(self, out: DecodeOutput) -> DecodeOutput:
+        """`out`, after the NaN check (raises `NaNLogitsError` naming the model that made them)."""
+        return check_finite(out, "model" if self.drafter is None else "target")
+
+
+def prepare(
+    model: LanguageModel,
+    params: Any,
+    config: DecodeConfig,
+    drafter: Drafter | None = None,
+    draft_params: Any = None,
+    partitioner: Any = None,
+) -> LoopCall:
+    """The `LoopCall` decoding by `config`: speculative with a drafter (`resolve_drafter`), else
+    plain; params placed by the partitioner's rules when there is one."""
+    static: dict[str, Any] = {"config": config}
+    if partitioner is not None:  # unsharded: the loop's default, left out of the call
+        static["partitioner"] = partitioner
         params = partitioner.place_params(model, params, "target")
         if drafter is not None:
             draft_params = drafter.place_params(partitioner, draft_params)
-        batch, rng = place_inputs(partitioner, batch, rng)
     if drafter is None:
-        out = loop(model, params, batch, rng, config, partitioner)
-    else:
-        out = loop(model, params, drafter, draft_params, batch, rng, config, partitioner)
-    return check_finite(out, "model" if drafter is None else "target")
+        return LoopCall(autoregressive_loop, model, None, (params,), static)
+    return LoopCall(speculative_loop, model, drafter, (params, draft_params), static)
 
 
 def place_inputs(partitioner: Any, batch: dict[str, jax.Array], rng: jax.Array) -> tuple:
-    """Batch rows on 'data', the rng replicated: the jitted loop gets committed, sharded inputs."""
+    """Batch rows on 'data', the rng replicated: the jitted loop gets committed, sharded inputs.
+    Without a partitioner (None), (batch, rng) as they are."""
+    if partitioner is None:
+        return batch, rng
     return partitioner.place_batch(batch), jax.device_put(rng, partitioner.replicated())

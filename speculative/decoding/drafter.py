@@ -16,7 +16,7 @@ are static: B rows, G = gamma, V = vocabulary.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import flax
 import jax
@@ -97,9 +97,20 @@ class Drafter(Protocol):
 
     vocab_size: the vocabulary it proposes from (must equal the target's).
     exact_needs: nothing; any drafter is exact if `propose` keeps its contract.
+
+    What a draft can do beyond `propose` is declared on its class, not guessed from the methods
+    it happens to have (a misspelt method would otherwise leave it silently chain-only);
+    `declaration_errors` checks a class's declarations against its methods:
+    grows_trees: it implements `propose_tree` (token trees, `DecodeConfig.tree`).
+    reads_target_features: it implements `observe_target` and `feature_width`.
+    reported_stats: the optional `DecodeStats` fields (of `OPTIONAL_STATS`) it reports, each a
+      method of that name.
     """
 
     vocab_size: int
+    grows_trees: ClassVar[bool]
+    reads_target_features: ClassVar[bool]
+    reported_stats: ClassVar[tuple[str, ...]]
 
     def check_target(self, target: Any) -> None:
         """Raises ValueError when this draft cannot propose tokens for `target`."""
@@ -138,33 +149,42 @@ class Drafter(Protocol):
         """The state pinned to its shardings inside the loop (identity without a mesh)."""
         ...
 
-    # Optional, for token trees (DecodeConfig.tree):
+    # Declared by grows_trees, for token trees (DecodeConfig.tree):
     #   propose_tree(params, state, context, rng, tree, sampling) -> (tokens [B, N] int32,
     #     log_q [B, N, V] float32, new state): node j's token drawn from exp(log_q[:, j - 1]), the
     #     distribution it was drawn from given its earlier siblings (normalised log-probabilities,
     #     not logits: a sibling drawn without replacement has q with the earlier ones removed).
     #   grows_tree(tree) -> bool: whether it can propose that shape.
     #
-    # Optional, for drafts that read the target's hidden states (drafts/feature_head.py):
-    #   reads_target_features = True, feature_width (E), and
+    # Declared by reads_target_features, for drafts that read the target's hidden states
+    # (drafts/feature_head.py): feature_width (E), and
     #   observe_target(params, state, features [B, K, E], next_tokens [B, K], start [B],
     #     count [B]) -> state: the target's final hidden states of the tokens at positions
     #     start .. start + K - 1 (the first count[b] real), each with the token that followed it;
     #     called after the prefill (the prompt) and after every verify call (the accepted path).
     #   Drafts without the flag cost nothing: the loop asks the target for logits only.
     #
-    # Optional, for drafts that may propose only some of their own distribution's tokens
-    # (drafts/cross_vocab.py): outside_mass(state) -> [B, G] float32, the draft's probability
-    # outside what it may propose at each of the round's proposals; the loop sums it over each
-    # row's proposed positions into `DecodeStats.outside_mass`.
+    # Declared in reported_stats, for drafts that may propose only some of their own
+    # distribution's tokens (drafts/cross_vocab.py): outside_mass(state) -> [B, G] float32, the
+    # draft's probability outside what it may propose at each of the round's proposals; the loop
+    # sums it over each row's proposed positions into `DecodeStats.outside_mass`.
     #   draft_stalls(state) -> [B] bool, rows whose draft skipped this round's catch-up (its cache
     #   full); the loop counts them, while active, into `DecodeStats.draft_stalls`.
 
 
+# The optional per-row `DecodeStats` a drafter may report (`Drafter.reported_stats`).
+OPTIONAL_STATS = ("outside_mass", "draft_stalls")
+
+
 class StatelessDrafter:
-    """Defaults for drafts without a model: no state, replicated params, any target."""
+    """Defaults for drafts without a model: no state, replicated params, any target, chains only
+    (a subclass that overrides `propose_tree` sets grows_trees), no target features, no optional
+    stats."""
 
     vocab_size: int
+    grows_trees: ClassVar[bool] = False
+    reads_target_features: ClassVar[bool] = False
+    reported_stats: ClassVar[tuple[str, ...]] = ()
 
     def check_target(self, target: Any) -> None:
         if target.vocab_size != self.vocab_size:
@@ -175,13 +195,16 @@ class StatelessDrafter:
 
     def validate(self, batch: dict[str, jax.Array], config: Any) -> None:
         del batch
-        tree = getattr(config, "tree", None)
-        if tree is not None and not self.grows_tree(tree):
-            raise ValueError(f"draft {type(self).__name__} cannot propose a {tree.describe()}")
+        check_tree(self, getattr(config, "tree", None))
 
     def grows_tree(self, tree: Any) -> bool:
-        """Drafts with `propose_tree` grow trees of first children (tree widths)."""
-        return hasattr(self, "propose_tree") and tree.first_child_chain
+        """Drafts declaring grows_trees grow trees of first children (tree widths)."""
+        return self.grows_trees and tree.first_child_chain
+
+    def propose_tree(self, params, state, context, rng, tree, sampling):
+        """A draft that grows trees overrides this (and declares grows_trees)."""
+        del params, state, context, rng, sampling
+        raise NotImplementedError(f"draft {type(self).__name__} cannot propose a {tree.describe()}")
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return jax.device_put(params, partitioner.replicated())
@@ -193,3 +216,36 @@ class StatelessDrafter:
     def constrain(self, partitioner: Any, state: Any) -> Any:
         del partitioner
         return state
+
+
+def check_tree(drafter: Drafter, tree: Any) -> None:
+    """Raises ValueError when `drafter` cannot propose `tree` (a `TreeShape`; None: chains)."""
+    if tree is not None and not drafter.grows_tree(tree):
+        raise ValueError(f"draft {type(drafter).__name__} cannot propose a {tree.describe()}")
+
+
+def declaration_errors(cls: type) -> list[str]:
+    """What a drafter class declares (`Drafter`'s grows_trees, reads_target_features,
+    reported_stats) and fails to implement, or implements and fails to declare; [] when they
+    agree. A subclass may decline an inherited `propose_tree` by declaring grows_trees False."""
+    name, errors = cls.__name__, []
+    own_tree = "propose_tree" in vars(cls)
+    implemented = getattr(cls, "propose_tree", None) not in (None, StatelessDrafter.propose_tree)
+    if cls.grows_trees and not implemented:
+        errors.append(f"{name} declares grows_trees but does not implement propose_tree")
+    if own_tree and not cls.grows_trees:
+        errors.append(f"{name} implements propose_tree but does not declare grows_trees")
+    reads = all(hasattr(cls, k) for k in ("observe_target", "feature_width"))
+    if cls.reads_target_features != reads:
+        errors.append(
+            f"{name}: reads_target_features {cls.reads_target_features}, but "
+            f"observe_target and feature_width {'are' if reads else 'are not'} there"
+        )
+    for stat in set(OPTIONAL_STATS) | set(cls.reported_stats):
+        declared, has = stat in cls.reported_stats, callable(getattr(cls, stat, None))
+        if stat not in OPTIONAL_STATS or declared != has:
+            errors.append(
+                f"{name}: reported_stats {cls.reported_stats} disagrees with its "
+                f"methods about {stat!r} (known: {OPTIONAL_STATS})"
+            )
+    return errors

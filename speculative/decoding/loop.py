@@ -226,8 +226,8 @@ def _verify(rng, target_logits, target_state, draft_tokens, draft_logits, propos
 
 
 def _reads_features(drafter: Drafter) -> bool:
-    """Whether the drafter asks for the target's hidden states (`observe_target`)."""
-    return getattr(drafter, "reads_target_features", False)
+    """Whether the drafter asks for the target's hidden states (`observe_target`), as declared."""
+    return drafter.reads_target_features
 
 
 def _score(target, target_params, state, block, ancestors, drafter: Drafter):
@@ -395,9 +395,9 @@ def speculative_loop(
         rng,
         config,
     )
-    if hasattr(drafter, "outside_mass"):  # counted only for a draft that reports it
+    if "outside_mass" in drafter.reported_stats:  # counted only for a draft that reports it
         zeros = jnp.zeros(pos.shape, jnp.float32)
         init = init.replace(stats=init.stats.replace(outside_mass=zeros))
-    if hasattr(drafter, "draft_stalls"):  # counted only for a draft whose catch-up can stall
+    if "draft_stalls" in drafter.reported_stats:  # a draft whose catch-up can stall
         init = init.replace(stats=init.stats.replace(draft_stalls=jnp.zeros(pos.shape, jnp.int32)))
     return _output(_while_not_done(body, init), config, partitioner)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ class ModelDrafter(StatelessDrafter):
     """
 
     model: LanguageModel
+    grows_trees: ClassVar[bool] = True
 
     @property
     def vocab_size(self) -> int:

@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -209,6 +209,8 @@ class CrossVocabDrafter(StatelessDrafter):
     draft_eos: int
     prompt_slots: int = 0
     spelling_lengths: Any = dataclasses.field(default=None, compare=False, repr=False)
+    grows_trees: ClassVar[bool] = True
+    reported_stats: ClassVar[tuple[str, ...]] = ("outside_mass", "draft_stalls")
 
     @property
     def vocab_size(self) -> int:
@@ -331,8 +333,7 @@ class CrossVocabDrafter(StatelessDrafter):
         return state.outside
 
     def draft_stalls(self, state: CrossState) -> jax.Array:
-        """[B] bool: rows whose catch-up this round was skipped, their text having outgrown a
-        capped cache (module doc); the loop counts them into `DecodeStats.draft_stalls`."""
+        """[B] bool: rows whose catch-up this round was skipped (a capped cache; module doc)."""
         return state.stalled
 
     def propose(

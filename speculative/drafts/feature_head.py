@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import pathlib
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -73,7 +73,8 @@ class FeatureHeadDrafter(StatelessDrafter):
     head: FeatureHead
     vocab_size: int
     used: int
-    reads_target_features = True
+    grows_trees: ClassVar[bool] = True
+    reads_target_features: ClassVar[bool] = True
 
     @property
     def feature_width(self) -> int:

@@ -19,7 +19,7 @@ import logging
 import os
 import zipfile
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -185,6 +185,7 @@ class NgramDrafter(StatelessDrafter):
 
     vocab_size: int
     order: int = 2
+    grows_trees: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.order not in (1, 2):

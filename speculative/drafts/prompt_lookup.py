@@ -20,6 +20,7 @@ greedy decoding, when it is the target's argmax).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +86,7 @@ class PromptLookupDrafter(StatelessDrafter):
     vocab_size: int
     max_ngram: int = 3
     min_ngram: int = 1
+    grows_trees: ClassVar[bool] = True
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram:

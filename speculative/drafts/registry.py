@@ -22,6 +22,9 @@ Adding a draft kind is one file and one `register(...)` call:
      `build` gets the fitted target: a model whose padding ids are masked has them masked in its
      `vocab_size`, and `models.padding.split` gives the bare model and the function that masks a
      model derived from it alike. Raise `JobError(..., role=role)` for what the user can fix.
+     What the drafter can do (token trees, target features, optional stats) is declared on its
+     class (`decoding.Drafter.grows_trees` and the rest), the one place the loop and the jobs
+     read it; a kind declares nothing of its own.
   2. Nothing else: speculative/drafts/__init__.py imports every module of the package, so the
      file registers its kind whenever the package is imported. A kind defined outside the
      package (a fork's, a test's) registers when its module is imported, before the job builds

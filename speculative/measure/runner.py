@@ -55,12 +55,9 @@ class Decoder:
     drafter: Drafter | None = dataclasses.field(init=False, default=None)  # the draft, as one
 
     def __post_init__(self):
-        drafter = None if self.draft is None else decoding.as_drafter(self.draft)
-        if drafter is not None:
-            drafter.check_target(self.target)
-            tree = self.config.tree
-            if tree is not None and not drafter.grows_tree(tree):
-                raise ValueError(f"this draft cannot propose a {tree.describe()}")
+        drafter = None
+        if self.draft is not None:  # checked against the target and the tree as the api checks
+            drafter = decoding.resolve_drafter(self.target, self.draft, self.config)
         object.__setattr__(self, "drafter", drafter)
 
     @property
@@ -69,55 +66,21 @@ class Decoder:
 
     def validate(self, batch: Batch) -> None:
         """Raises ValueError when `batch` cannot be decoded (as `speculative_decode` would)."""
-        decoding.validate_batch(self.target, batch, self.config)
-        if self.drafter is not None:
-            self.drafter.validate(batch, self.config)
-
-    def placed_params(self) -> tuple[Any, Any]:
-        """(target params, draft params), on the partitioner's mesh when there is one."""
-        if self.partitioner is None:
-            return self.target_params, self.draft_params
-        target = self.partitioner.place_params(self.target, self.target_params, "target")
-        if self.drafter is None:
-            return target, None
-        return target, self.drafter.place_params(self.partitioner, self.draft_params)
-
-    def place(self, batch: Batch, rng: jax.Array) -> tuple[Batch, jax.Array]:
-        """The batch (rows on 'data') and rng (replicated) as the compiled loop takes them."""
-        if self.partitioner is None:
-            return batch, rng
-        return decoding.place_inputs(self.partitioner, batch, rng)
+        decoding.validate_inputs(self.target, batch, self.config, self.drafter)
 
     def compile(self, batch: Batch, rng: jax.Array) -> tuple[Run, float]:
-        """The loop compiled for `batch`'s shape (validate the batch first)."""
-        target_params, draft_params = self.placed_params()
-        batch, rng = self.place(batch, rng)
-        static = {"config": self.config}
-        if self.partitioner is not None:  # unsharded: the same call (and cache key) as before
-            static["partitioner"] = self.partitioner
-        if self.speculative:
-            compiled, seconds = timing.compile_ahead(
-                decoding.speculative_loop,
-                self.target,
-                target_params,
-                self.drafter,
-                draft_params,
-                batch,
-                rng,
-                **static,
-            )
-            params = (target_params, draft_params)
-        else:
-            compiled, seconds = timing.compile_ahead(
-                decoding.autoregressive_loop, self.target, target_params, batch, rng, **static
-            )
-            params = (target_params,)
-
-        which = "target" if self.speculative else "model"
+        """The loop compiled for `batch`'s shape (validate the batch first): the api's call
+        (`decoding.prepare`), compiled ahead of time so that its runs are timed without it."""
+        call = decoding.prepare(
+            self.target, self.target_params, self.config, self.drafter, self.draft_params,
+            self.partitioner,
+        )  # fmt: skip
+        compiled, seconds = timing.compile_ahead(
+            call.loop, *call.arguments(batch, rng), **call.static
+        )
 
         def run(batch: Batch, rng: jax.Array) -> decoding.DecodeOutput:
-            batch, rng = self.place(batch, rng)
-            return decoding.check_finite(compiled(*params, batch, rng), which)
+            return call.finish(compiled(*call.params, *call.inputs(batch, rng)))
 
         return run, seconds
 

@@ -141,7 +141,7 @@ def draft_propose_time(
     )
     state = jax.jit(drafter.init, static_argnums=2)(params, batch, config)
 
-    reads = getattr(drafter, "reads_target_features", False)
+    reads = drafter.reads_target_features
 
     def step(params, carry):
         state, rng = carry
