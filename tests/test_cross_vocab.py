@@ -339,11 +339,12 @@ def _long_prompts(tables, rows: int, width: int, length: int):
 def test_a_prompt_of_long_spellings_gets_a_cache_it_does_not_outgrow(trained_pair, greedy_case):
     """A prompt whose spelling is far longer than the mean spelling length estimated (the
     earlier sizing): the drafter fitted to it (`fit_prompts`) sizes its cache from the actual
-    spelling, below the worst case (K per prompt slot) yet enough: no row stalls, greedy output is
-    plain decoding's, and sampled, every row's acceptance equals the unfitted worst-case
-    drafter's (the same q throughout; the mean-based sizing, which fed the draft the prompt's last
-    ceil(mean * 12) draft tokens, accepted a different number here). Greedy, these random
-    models never agree, so it is the sampled run that compares acceptance."""
+    spelling, below the worst case (K per prompt slot) yet enough: no row stalls, and sampled,
+    every row's tokens and acceptance equal the unfitted worst-case drafter's (the same q
+    throughout; the mean-based sizing, which fed the draft the prompt's last ceil(mean * 12) draft
+    tokens, accepted a different number here). Greedy, these random models never agree, so it is
+    the sampled run that compares acceptance (greedy identity with a fitted cache: the tests
+    above)."""
     target_vocab, target, (drafter, params), tables = trained_pair
     _, eos, _ = greedy_case
     batch = _long_prompts(tables, rows=4, width=12, length=8)
@@ -355,16 +356,6 @@ def test_a_prompt_of_long_spellings_gets_a_cache_it_does_not_outgrow(trained_pai
     assert fitted.need(batch, config) == fitted.cache_length(batch, config)
     assert fitted.cache_length(batch, config) < drafter.cache_length(batch, config)
     assert fitted.prompt_window(batch, config) == spelled  # the whole prompt is fed
-    ref = decoding.autoregressive_decode(*target, batch, max_decode_len=V_MAX_LEN, eos_id=eos)
-    outs = [
-        decoding.speculative_decode(
-            *target, d, params, batch, gamma=3, max_decode_len=V_MAX_LEN, eos_id=eos
-        )
-        for d in (fitted, drafter)
-    ]
-    for out in outs:
-        np.testing.assert_array_equal(out.tokens, ref.tokens)
-        np.testing.assert_array_equal(out.stats.draft_stalls, 0)
     sampled = [
         decoding.speculative_decode(
             *target,

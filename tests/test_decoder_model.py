@@ -16,7 +16,9 @@ def model_and_params():
     return helpers.tiny_decoder(50, emb=32, layers=2, heads=4, kv_heads=2, seed=3)
 
 
-@pytest.mark.parametrize("block", [1, 3, 8])
+@pytest.mark.parametrize(  # 1 and 8 are slow-marked repeats of the same code path
+    "block", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(8, marks=pytest.mark.slow)]
+)
 def test_cached_extend_equals_full_pass_at_ragged_positions(model_and_params, block):
     model, params = model_and_params
     # Jitted: one compile per shape instead of an op-by-op compile of every primitive.

@@ -22,7 +22,13 @@ def eos_and_reference(greedy_reference):
     return eos_id, ref
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+# gamma 1 and large for both drafts by default; 2 and 4, between them, are slow-marked repeats
+_MIDDLE = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "gamma", [1, pytest.param(2, marks=_MIDDLE), pytest.param(4, marks=_MIDDLE), 8]
+)
 @pytest.mark.parametrize("which_draft", ["unrelated", "self"])
 def test_greedy_identical_to_plain(target, draft, batch, eos_and_reference, gamma, which_draft):
     eos_id, ref = eos_and_reference
@@ -80,7 +86,7 @@ def test_rows_are_independent_of_batch_composition(target, draft, batch, eos_and
 SV, SEQ_LEN, EOS, N, PROMPT = helpers.SV, helpers.SEQ_LEN, helpers.EOS, helpers.N, helpers.PROMPT
 _repeated_prompt = helpers.repeated_prompt
 SAMPLED_CASES = [
-    (SamplingConfig(temperature=1.0), 2),
+    pytest.param(SamplingConfig(temperature=1.0), 2, marks=pytest.mark.slow),  # gamma 1 and top-p's
     (SamplingConfig(temperature=1.0), 1),
     (SamplingConfig(temperature=0.8, top_k=3), 3),
     (SamplingConfig(temperature=1.2, top_p=0.7), 2),

@@ -125,9 +125,9 @@ SV, SEQ_LEN, EOS, N = helpers.SV, helpers.SEQ_LEN, helpers.EOS, helpers.N
 @pytest.mark.parametrize(
     "cfg, gamma",
     [
-        (SamplingConfig(temperature=1.0), 2),
+        pytest.param(SamplingConfig(temperature=1.0), 2, marks=pytest.mark.slow),  # top-k's path
         (SamplingConfig(temperature=0.8, top_k=3), 3),
-        (SamplingConfig(temperature=1.2, top_p=0.7), 2),
+        pytest.param(SamplingConfig(temperature=1.2, top_p=0.7), 2, marks=pytest.mark.slow),
     ],
 )
 def test_sampled_shortlist_draft_follows_target_distribution(

@@ -277,7 +277,7 @@ def test_broken_tree_rules_are_caught(monkeypatch):
 @pytest.mark.parametrize(
     "cfg",
     [
-        SamplingConfig(temperature=1.0),
+        pytest.param(SamplingConfig(temperature=1.0), marks=pytest.mark.slow),  # top-p's path
         # top-k through trees: its filter is the chain's (tests/test_decoding.py); ~17 s
         pytest.param(SamplingConfig(temperature=0.8, top_k=4), marks=pytest.mark.slow),
         SamplingConfig(temperature=1.0, top_p=0.8),
