@@ -551,7 +551,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 24 runs",
+        "the 25 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
