@@ -11,7 +11,7 @@ up to 128 new tokens, batch 1, through `decoding.autoregressive_decode` and
     .venv/bin/python scripts/bf16_identity.py 100,101,102,103 --tree 2,1,1,1,1,1
 """
 
-import sys
+import argparse
 
 import jax.numpy as jnp
 import numpy as np
@@ -72,10 +72,9 @@ def main(indices: list[int], tree: tuple[int, ...] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    shape = None
-    if "--tree" in args:
-        at = args.index("--tree")
-        shape = tuple(int(w) for w in args[at + 1].split(","))
-        del args[at : at + 2]
-    main([int(x) for x in args[0].split(",")], shape)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prompts", help="HumanEval indices, comma-separated")
+    parser.add_argument("--tree", help="verify this tree's widths (e.g. 2,1,1,1,1,1), not gamma 5")
+    args = parser.parse_args()
+    widths = tuple(int(w) for w in args.tree.split(",")) if args.tree else None
+    main([int(x) for x in args.prompts.split(",")], widths)
