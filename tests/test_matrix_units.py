@@ -196,15 +196,7 @@ def test_a_verify_block_scores_every_position_as_plain_steps_do(dtype):
 
 
 # A tree in breadth-first order: 0 root; 1, 2 its children; 3 under 1, 4 under 2; 5 under 3.
-_PARENTS = (-1, 0, 0, 1, 2, 3)
-
-
-def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
-    tree = np.eye(len(parents), dtype=bool)
-    for i, parent in enumerate(parents):
-        while parent >= 0:
-            tree[i, parent], parent = True, parents[parent]
-    return tree
+_TREE = TreeShape((0, 0, 1, 2, 3))
 
 
 @pytest.mark.parametrize(  # the two cases that caught the two wrong attentions; the others slow
@@ -237,7 +229,7 @@ def test_a_tree_scores_every_token_as_plain_steps_along_its_path_do(dtype, famil
     params = jax.tree.map(lambda x: x.astype(dtype) if x.ndim > 1 else x, params)
     prompt = helpers.ragged_prompts(5, batch=2, width=9, vocab=211)["prompt"]
     tree = jnp.asarray([[7, 19, 3, 88, 41, 5], [2, 2, 150, 9, 61, 33]], jnp.int32)
-    ancestors = _ancestors(_PARENTS)
+    ancestors = _TREE.ancestors
     jit = functools.partial(jax.jit, compiler_options=precision.COMPILER_OPTIONS)
 
     def prefilled(params, prompt):
