@@ -274,8 +274,8 @@ class CrossVocabDrafter(StatelessDrafter):
         them, else K per prompt token) plus the generation's reserve."""
         if DRAFT_PROMPT in batch:
             prompt = int(np.max(to_host(batch[DRAFT_LENGTHS])))
-        elif self.spelling_lengths is None:
-            prompt = self.width * int(batch["prompt"].shape[1])
+        elif self.spelling_lengths is None:  # unfitted: K per prompt token
+            prompt = self._prompt_tokens(batch)
         else:
             ids, lengths = to_host(batch["prompt"]), to_host(batch["prompt_lengths"])
             valid = np.arange(ids.shape[1])[None, :] < lengths[:, None]
