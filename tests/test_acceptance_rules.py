@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from speculative import decoding
-from speculative.decoding import TreeShape, acceptance, sampling
-from speculative.decoding.acceptance import Rule, Support
+from speculative.decoding import TreeShape, acceptance
+from speculative.decoding.acceptance import ChainRound, Rule, Support, TreeRound
 from speculative.decoding.acceptance import block as block_rule
+from speculative.decoding.acceptance import token as token_rule
 from speculative.decoding.acceptance import tree as tree_rule
 from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
@@ -28,8 +29,9 @@ def test_registry_declares_what_each_rule_supports():
     assert acceptance.names(False, lenient=True) == ("token",)
     assert acceptance.names(True, lenient=True) == ()
     assert acceptance.names(False, adaptive=True) == ("token", "block")
-    # The old public names are the functions the rules run.
-    assert acceptance.rule("token").chain() is sampling.verify_detailed
+    # The rules run these functions; the token rule's chain form hands its round to
+    # `sampling.verify_detailed`.
+    assert acceptance.rule("token").chain() is token_rule.verify_chain
     assert acceptance.rule("token").tree() is tree_rule.verify_tree
     assert acceptance.rule("block").chain() is block_rule.verify_block
     with pytest.raises(ValueError, match="a support needs its function"):
@@ -42,7 +44,7 @@ def test_config_and_jobs_ask_the_registry(monkeypatch):
     """A rule added to RULES is known by name, checked by what it supports, and listed in errors."""
     sampled_only = Rule(
         "sampled_only", "token verification, declared for temperature > 0 only",
-        chains=Support(greedy=False), chain=lambda: sampling.verify_detailed,
+        chains=Support(greedy=False), chain=lambda: token_rule.verify_chain,
     )  # fmt: skip
     monkeypatch.setitem(acceptance.RULES, "sampled_only", sampled_only)
     assert decoding.DecodeConfig(8, (1,), T1, gamma=2, acceptance="sampled_only").gamma == 2
@@ -65,7 +67,7 @@ def test_config_and_jobs_ask_the_registry(monkeypatch):
     with pytest.raises(ValueError, match="verifies token trees only"):
         decoding.DecodeConfig(8, (1,), T1, gamma=2, acceptance="traversal")
     fixed = Rule(
-        "fixed", "fixed lengths only", chains=Support(), chain=lambda: sampling.verify_detailed
+        "fixed", "fixed lengths only", chains=Support(), chain=lambda: token_rule.verify_chain
     )
     monkeypatch.setitem(acceptance.RULES, "fixed", fixed)
     with pytest.raises(ValueError, match="verifies full chains only"):
@@ -94,9 +96,8 @@ def test_one_call_for_chains_and_trees_returns_the_rules_own_outcome():
         v = acceptance.verify(
             name, keys[3], target, draft, tokens, proposed, sampling=T1, adaptive=True
         )
-        n, nxt, beta = acceptance.rule(name).chain()(
-            keys[3], target, draft, tokens, T1, 1.0, proposed
-        )
+        round_ = ChainRound(target, draft, tokens, proposed)
+        n, nxt, beta = acceptance.rule(name).chain()(keys[3], round_, T1, 1.0)
         for a, b in ((v.num_accepted, n), (v.next_token, nxt), (v.beta, beta)):
             np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(v.path, np.tile(np.arange(1, gamma + 1), (batch, 1)))
@@ -112,6 +113,7 @@ def test_one_call_for_chains_and_trees_returns_the_rules_own_outcome():
         v = acceptance.verify(
             name, keys[3], target, log_q, tokens, jnp.full((batch,), 3), sampling=T1, tree=tree
         )
-        own = acceptance.rule(name).tree()(keys[3], target, log_q, tokens, T1, tree.children, 3)
+        round_ = TreeRound(target, log_q, tokens, tree.children, 3)
+        own = acceptance.rule(name).tree()(keys[3], round_, T1)
         for a, b in zip((v.path, v.num_accepted, v.next_token, v.beta, v.tested), own, strict=True):
             np.testing.assert_array_equal(a, b)

@@ -23,6 +23,7 @@ import pytest
 
 from speculative import decoding
 from speculative.decoding import acceptance, sampling
+from speculative.decoding.acceptance import ChainRound
 from speculative.decoding.acceptance import block as block_rule
 from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
@@ -151,10 +152,9 @@ def one_call_outcomes(rule, cfg, seed, lengths=None):
         keys[2], jnp.log(jnp.asarray(q, jnp.float32)), shape=(ROWS, GAMMA)
     ).astype(jnp.int32)
     tile = lambda x: jnp.broadcast_to(x, (ROWS, *x.shape[1:]))  # noqa: E731
-    n, nxt, _ = rule(
-        jax.random.PRNGKey(seed + 1), tile(target_logits), tile(draft_logits), draft_tokens, cfg,
-        1.0, None if lengths is None else jnp.full((ROWS,), lengths, jnp.int32),
-    )  # fmt: skip
+    draft_lengths = None if lengths is None else jnp.full((ROWS,), lengths, jnp.int32)
+    round_ = ChainRound(tile(target_logits), tile(draft_logits), draft_tokens, draft_lengths)
+    n, nxt, _ = rule(jax.random.PRNGKey(seed + 1), round_, cfg, 1.0)
     n, nxt, drafts = np.asarray(n), np.asarray(nxt), np.asarray(draft_tokens)
     samples = [tuple(int(t) for t in drafts[r, : n[r]]) + (int(nxt[r]),) for r in range(ROWS)]
     length = GAMMA if lengths is None else lengths

@@ -2,7 +2,8 @@
 
 `speculative.decoding.sampling.verify_detailed` (the accept test, the residual and the bonus token of
 Leviathan et al. 2023, Algorithm 1) is replaced by a copy with one deliberate error, everywhere the
-package holds it (the decode loop reads it through `decoding.acceptance` when traced), JAX's caches
+package holds it (the decode loop reaches it through `decoding.acceptance`: the token rule's
+`token.verify_chain` hands it its `ChainRound` and reads it when traced), JAX's caches
 are cleared, and the same check functions the exactness tests run must raise AssertionError. The unmutated copy must first
 equal the real rule bit for bit and pass the same checks, so a failure is the mutant's doing.
 
@@ -174,9 +175,20 @@ def test_unmutated_copy_is_the_real_rule():
 def test_unmutated_rule_passes_the_checks(small_pair, small_target_probs):
     exact = small_target_probs(CFG)
     copy = mutated_verify_detailed(None)
-    with replaced_everywhere(sampling, "verify_detailed", copy):
-        # The loop reaches the rule through decoding.acceptance, read when it is traced.
-        assert acceptance.rule("token").chain() is copy, "the loop would not run the patched rule"
+    calls = []
+
+    def spied(*args):
+        calls.append(len(args))
+        return copy(*args)
+
+    with replaced_everywhere(sampling, "verify_detailed", spied):
+        # The loop reaches the rule through decoding.acceptance: the token rule's chain form
+        # (`token.verify_chain`) reads sampling.verify_detailed when it is traced.
+        drafted = acceptance.ChainRound(
+            jnp.zeros((1, 2, 5)), jnp.zeros((1, 1, 5)), jnp.zeros((1, 1), jnp.int32)
+        )
+        acceptance.rule("token").chain()(jax.random.PRNGKey(0), drafted, CFG, 1.0)
+        assert calls, "the loop would not run the patched rule"
         for check in sorted(CHECKS):
             CHECKS[check](small_pair, exact)
 

@@ -21,6 +21,7 @@ import pytest
 
 from speculative import decoding
 from speculative.decoding import acceptance
+from speculative.decoding.acceptance import TreeRound
 from speculative.decoding.acceptance import tree as tree_rule
 from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape, siblings
@@ -212,10 +213,16 @@ def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=N
     target_logits = np.stack(
         [np.stack([_log(p[pre]) for pre in prefix[j]]) for j in range(tree.size + 1)], axis=1
     )
+    round_ = TreeRound(
+        jnp.asarray(target_logits, jnp.float32),
+        jnp.asarray(log_q),
+        jnp.asarray(tokens),
+        tree.children,
+        tree.depth,
+    )
     path, n, nxt, _, _ = (verify or tree_rule.verify_tree)(
-        jax.random.PRNGKey(seed + 1), jnp.asarray(target_logits, jnp.float32),
-        jnp.asarray(log_q), jnp.asarray(tokens), _T1, tree.children, tree.depth,
-    )  # fmt: skip
+        jax.random.PRNGKey(seed + 1), round_, _T1
+    )
     path, n, nxt = np.asarray(path), np.asarray(n), np.asarray(nxt)
     samples = []
     for row in range(ROWS):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from speculative import decoding
+from speculative.decoding.acceptance import TreeRound
 from speculative.decoding.acceptance import tree as tree_rule
 from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
@@ -42,9 +43,8 @@ def _walk(shape: TreeShape, outcomes):
     """The real greedy tree rule on every outcome: (accepted [B], path [B, D], tested [B, D])."""
     tokens, logits = _rows(shape, outcomes)
     log_q = jnp.zeros((*tokens.shape, logits.shape[-1]))  # unread at temperature 0
-    path, n, _, _, tested = tree_rule.verify_tree(
-        jax.random.PRNGKey(0), logits, log_q, tokens, SamplingConfig(), shape.children, shape.depth
-    )
+    round_ = TreeRound(logits, log_q, tokens, shape.children, shape.depth)
+    path, n, _, _, tested = tree_rule.verify_tree(jax.random.PRNGKey(0), round_, SamplingConfig())
     return np.asarray(n), np.asarray(path), np.asarray(tested)
 
 

@@ -5,13 +5,15 @@ Each rule is one module here holding a `base.Rule`: its name (`DecodeConfig.acce
 ACCEPTANCE), what it supports for chains and for token trees (`base.Support`: lenience, adaptive
 draft lengths, temperatures) and its functions. Rules by name:
   'token'  the paper's Algorithm 1, token by token (token.py; the default): chains
-           (`sampling.verify_detailed`) and trees (tree.py, recursive rejection sampling);
+           (`sampling.verify_detailed`, through `token.verify_chain`) and trees (tree.py,
+           recursive rejection sampling);
   'block'  block verification (block.py): chains, exact, never fewer tokens accepted;
   'traversal'  traversal verification (traversal.py): trees, exact, sequence-level and leaf
            first; block verification's generalisation (on a chain it is block verification).
 Every rule must emit tokens distributed exactly as sampling the target (lenience aside), and
 resamples from the shared residual (residual.py). A new rule is one module with its `RULE` and one
-entry in `RULES`; `DecodeConfig` asks `RULES` what it supports, and the loop calls `verify`.
+entry in `RULES`; `DecodeConfig` asks `RULES` what it supports, and the loop calls `verify`, which
+hands the rule the round as one bundle (`base.ChainRound`, `base.TreeRound`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,22 @@ import jax
 import jax.numpy as jnp
 
 from speculative.decoding.acceptance import block, token, traversal
-from speculative.decoding.acceptance.base import Rule, Support, Verdict
+from speculative.decoding.acceptance.base import ChainRound, Rule, Support, TreeRound, Verdict
 from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.tree import TreeShape
 
-__all__ = ["NAMES", "RULES", "Rule", "Support", "Verdict", "names", "rule", "verify"]
+__all__ = [
+    "NAMES",
+    "RULES",
+    "ChainRound",
+    "Rule",
+    "Support",
+    "TreeRound",
+    "Verdict",
+    "names",
+    "rule",
+    "verify",
+]
 
 RULES: dict[str, Rule] = {r.name: r for r in (token.RULE, block.RULE, traversal.RULE)}
 NAMES = tuple(RULES)  # the built-in rules; `names()` reads RULES as it is now
@@ -70,7 +83,7 @@ def verify(
       target_logits: [B, N+1, V] at [last, drafts or tree nodes]; draft_logits: [B, N, V] the
         draft's logits (a chain) or the log q each node was drawn from (a tree); draft_tokens:
         [B, N] int32; proposed: [B] tokens each row proposed (a chain: 1..G; a tree: its depth).
-      sampling, lenience: as `sampling.verify_detailed`; adaptive: rows may propose fewer than
+      sampling, lenience: as `token.verify_chain`; adaptive: rows may propose fewer than
         N tokens (`GammaPolicy.adaptive`); tree: the static shape, None for a chain.
     Returns:
       Verdict with G = N for a chain, the tree's depth for a tree.
@@ -79,16 +92,14 @@ def verify(
     if tree is not None:
         if chosen.tree is None:
             raise ValueError(f"acceptance {name!r} does not verify token trees")
-        path, n, next_token, beta, tested = chosen.tree()(
-            rng, target_logits, draft_logits, draft_tokens, sampling, tree.children, tree.depth
-        )
+        nodes = TreeRound(target_logits, draft_logits, draft_tokens, tree.children, tree.depth)
+        path, n, next_token, beta, tested = chosen.tree()(rng, nodes, sampling)
         return Verdict(path, n, next_token, beta, tested)
     if chosen.chain is None:
         raise ValueError(f"acceptance {name!r} does not verify chains")
-    n, next_token, beta = chosen.chain()(
-        rng, target_logits, draft_logits, draft_tokens, sampling, lenience,
-        proposed if adaptive else None,
-    )  # fmt: skip
+    lengths = proposed if adaptive else None
+    chain = ChainRound(target_logits, draft_logits, draft_tokens, lengths)
+    n, next_token, beta = chosen.chain()(rng, chain, sampling, lenience)
     batch, gamma = draft_tokens.shape
     # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
     position = jnp.arange(gamma)[None, :]

@@ -1,14 +1,14 @@
 """The interface every acceptance rule implements: `Support` (what it can verify), `Rule` (its name,
-supports and functions) and `Verdict` (what one round's verification decided).
+supports and functions), the round a rule is handed (`ChainRound`, `TreeRound`) and `Verdict`
+(what one round's verification decided).
 
 A rule verifies chains, token trees or both, each through a function with a fixed signature:
-  chains: `sampling.verify_detailed`'s (rng, target_logits [B, G+1, V], draft_logits [B, G, V],
-    draft_tokens [B, G], cfg, lenience, draft_lengths [B] | None) -> (num_accepted [B],
-    next_token [B], beta [B, G]);
-  trees: `tree.verify_tree`'s (rng, target_logits [B, N+1, V], node_log_q [B, N, V],
-    node_tokens [B, N], cfg, children [N+1, W], depth) -> (path [B, D], num_accepted [B],
-    next_token [B], beta [B, D], tested [B, D]).
-`acceptance.verify` turns either into a `Verdict`, so the loop makes one call for both.
+  chains: (rng, round: ChainRound, cfg: SamplingConfig, lenience: float) -> (num_accepted [B],
+    next_token [B], beta [B, G]), e.g. `token.verify_chain`, `block.verify_block`;
+  trees: (rng, round: TreeRound, cfg: SamplingConfig) -> (path [B, D], num_accepted [B],
+    next_token [B], beta [B, D], tested [B, D]), e.g. `tree.verify_tree`.
+`acceptance.verify` builds the round and turns either outcome into a `Verdict`, so the loop makes
+one call for both.
 """
 
 from __future__ import annotations
@@ -18,9 +18,55 @@ from collections.abc import Callable
 
 import flax
 import jax
+import numpy as np
 
-ChainVerify = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-TreeVerify = Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]]
+from speculative.decoding.sampling import SamplingConfig
+
+
+@flax.struct.dataclass
+class ChainRound:
+    """What one round hands a chain rule: B rows of G draft tokens x_1..x_G.
+
+    target_logits: [B, G+1, V] the target's logits at [t_last, x_1..x_G];
+    draft_logits: [B, G, V] the draft's logits that x_1..x_G were sampled from;
+    draft_tokens: [B, G] int32 x_1..x_G;
+    draft_lengths: [B] int32 in 1..G, the tokens each row proposed (an adaptive gamma), or None
+      when every row proposed all G.
+    """
+
+    target_logits: jax.Array
+    draft_logits: jax.Array
+    draft_tokens: jax.Array
+    draft_lengths: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class TreeRound:
+    """What one round hands a tree rule: B rows of one static tree of N nodes under the root.
+
+    target_logits: [B, N+1, V] the target's logits at the root and at every node;
+    node_log_q: [B, N, V] log q_i each node was drawn from, given its earlier siblings
+      (normalised; -inf where q_i is 0);
+    node_tokens: [B, N] int32 the nodes' tokens;
+    children: static [N+1, W] numpy children by rank, -1 padded (`TreeShape.children`);
+    depth: static D, the tree's depth.
+    The static fields are numpy, not hashable: build a round inside jit, not as its argument.
+    """
+
+    target_logits: jax.Array
+    node_log_q: jax.Array
+    node_tokens: jax.Array
+    children: np.ndarray = flax.struct.field(pytree_node=False)
+    depth: int = flax.struct.field(pytree_node=False)
+
+
+ChainVerify = Callable[
+    [jax.Array, ChainRound, SamplingConfig, float], tuple[jax.Array, jax.Array, jax.Array]
+]
+TreeVerify = Callable[
+    [jax.Array, TreeRound, SamplingConfig],
+    tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array],
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Block verification (Sun, Mendlovic, Leviathan et al., "Block Verification Accelerates Speculative
 Decoding", ICLR 2025): the gamma draft tokens are accepted jointly rather than one by one.
 
-The 'block' rule, for chains. Same inputs and outputs as `sampling.verify_detailed` and the same guarantee: the emitted tokens
-follow the target's distribution exactly, for any draft. It never accepts fewer tokens in
+The 'block' rule, for chains. Same inputs and outputs as the token rule (`token.verify_chain`)
+and the same guarantee: the emitted tokens follow the target's distribution exactly, for any draft. It never accepts fewer tokens in
 expectation than token-by-token verification, and more whenever a later draft token is likelier
 under the target than under the draft (docs/design.md §1, "Block verification").
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from speculative.decoding.acceptance.base import Rule, Support
+from speculative.decoding.acceptance.base import ChainRound, Rule, Support
 from speculative.decoding.acceptance.residual import rejection_residual, renormalised
 from speculative.decoding.sampling import SamplingConfig, categorical, process_logits, verify_greedy
 
@@ -54,32 +54,27 @@ def stop_probabilities(weights: jax.Array, mass: jax.Array, lengths: jax.Array) 
 
 
 def verify_block(
-    rng: jax.Array,
-    target_logits: jax.Array,
-    draft_logits: jax.Array,
-    draft_tokens: jax.Array,
-    cfg: SamplingConfig,
-    lenience: float = 1.0,
-    draft_lengths: jax.Array | None = None,
+    rng: jax.Array, round: ChainRound, cfg: SamplingConfig, lenience: float = 1.0
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Block verification; arguments and returns as `sampling.verify_detailed`.
+    """Block verification; arguments and returns as `token.verify_chain`.
 
     Args:
-      target_logits: [B, G+1, V]; draft_logits: [B, G, V]; draft_tokens: [B, G] int32.
+      round: target_logits [B, G+1, V], draft_logits [B, G, V], draft_tokens [B, G] int32 and
+        draft_lengths, optional [B] in 1..G (an adaptive gamma): a row is verified as a block of
+        its own length.
       lenience: must be 1 (the lenient rule is defined for token verification only).
-      draft_lengths: optional [B] in 1..G, a row's proposed tokens (an adaptive gamma); the row is
-        verified as a block of that length.
     Returns:
       num_accepted [B] int32 in 0..G, next_token [B] int32, beta [B, G] float32 (sum_x min(p, q)
       per position, as token verification reports it, so alpha stays comparable).
     """
     if lenience != 1.0:
         raise ValueError("block verification is exact only; lenience must be 1")
+    draft_tokens, draft_lengths = round.draft_tokens, round.draft_lengths
     if cfg.greedy:
-        return verify_greedy(target_logits, draft_logits, draft_tokens, draft_lengths)
+        return verify_greedy(round.target_logits, round.draft_logits, draft_tokens, draft_lengths)
     batch, gamma = draft_tokens.shape
-    p = jnp.exp(process_logits(target_logits, cfg))  # [B, G+1, V]
-    q = jnp.exp(process_logits(draft_logits, cfg))  # [B, G, V]
+    p = jnp.exp(process_logits(round.target_logits, cfg))  # [B, G+1, V]
+    q = jnp.exp(process_logits(round.draft_logits, cfg))  # [B, G, V]
     beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
     lengths = jnp.full((batch,), gamma) if draft_lengths is None else draft_lengths
     tokens = draft_tokens[..., None]

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.decoding.acceptance import residual, tree
-from speculative.decoding.acceptance.base import Rule, Support
+from speculative.decoding.acceptance.base import Rule, Support, TreeRound
 from speculative.decoding.sampling import SamplingConfig, categorical, process_logits
 
 
@@ -77,29 +77,24 @@ def after_rejection(w: jax.Array, p: jax.Array, q: jax.Array) -> tuple[jax.Array
 
 
 def verify_traversal(
-    rng: jax.Array,
-    target_logits: jax.Array,
-    node_log_q: jax.Array,
-    node_tokens: jax.Array,
-    cfg: SamplingConfig,
-    children: np.ndarray,
-    depth: int,
+    rng: jax.Array, round: TreeRound, cfg: SamplingConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Traversal verification; arguments and returns as `tree.verify_tree`.
 
     Args:
-      target_logits: [B, N+1, V]; node_log_q: [B, N, V] log q each node was drawn from (given its
-        earlier siblings); node_tokens: [B, N] int32; children: static [N+1, W]; depth: static D.
+      round: target_logits [B, N+1, V], node_log_q [B, N, V] (log q each node was drawn from,
+        given its earlier siblings), node_tokens [B, N] int32, static children [N+1, W], depth D.
     Returns:
       path [B, D], num_accepted [B], next_token [B], beta [B, D] (1 where the depth was accepted,
       0 where it was tested and not: the realised rate, as a sequence-level rule has no per-depth
       probability), tested [B, D] (the depths up to one past the accepted path that have nodes).
     """
     if cfg.greedy:  # one-hot p: the only path with weight is the argmax walk
-        return tree.verify_tree(rng, target_logits, node_log_q, node_tokens, cfg, children, depth)
+        return tree.verify_tree(rng, round, cfg)
+    node_tokens, node_log_q = round.node_tokens, round.node_log_q
     batch, nodes = node_tokens.shape
     rows = jnp.arange(batch)
-    p_all = jnp.exp(process_logits(target_logits, cfg))  # [B, N+1, V]
+    p_all = jnp.exp(process_logits(round.target_logits, cfg))  # [B, N+1, V]
     try_rng, next_rng = jax.random.split(rng)
     uniform = jax.random.uniform(try_rng, (batch, nodes + 1), dtype=jnp.float32)
     w = {0: jnp.ones((batch,), jnp.float32)}
@@ -107,7 +102,7 @@ def verify_traversal(
     q, drawn = {}, {}
     chosen = jnp.full((batch,), -1, jnp.int32)
     next_dist = p_all[:, 0]
-    for node, parent in post_order(children):
+    for node, parent in post_order(round.children):
         if node > 0:  # entering: the child's weight from its parent's current state
             token = node_tokens[:, node - 1]
             q[node] = jnp.exp(node_log_q[:, node - 1])
@@ -128,7 +123,7 @@ def verify_traversal(
                 w[parent] = jnp.where(drawn[node], new_w, w[parent])
                 dist[parent] = jnp.where(drawn[node][:, None], new_p, dist[parent])
     next_token = categorical(next_rng, jnp.log(next_dist))
-    return _outcome(chosen, next_token, children, depth)
+    return _outcome(chosen, next_token, round.children, round.depth)
 
 
 def _outcome(chosen, next_token, children, depth):

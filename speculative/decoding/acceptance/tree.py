@@ -21,31 +21,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative.decoding.acceptance import residual
+from speculative.decoding.acceptance.base import TreeRound
 from speculative.decoding.sampling import SamplingConfig, categorical, greedy_tokens, process_logits
 
 
 def verify_tree(
-    rng: jax.Array,
-    target_logits: jax.Array,
-    node_log_q: jax.Array,
-    node_tokens: jax.Array,
-    cfg: SamplingConfig,
-    children: np.ndarray,
-    depth: int,
+    rng: jax.Array, round: TreeRound, cfg: SamplingConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Walks each row's tree from the root and returns what it accepted.
 
     Args:
       rng: PRNG key.
-      target_logits: [B, N+1, V] the target's logits at the root and at every node.
-      node_log_q: [B, N, V] log q_i each node was drawn from (normalised; -inf where q_i is 0).
-      node_tokens: [B, N] int32 the nodes' tokens.
+      round: target_logits [B, N+1, V], node_log_q [B, N, V] (log q_i each node was drawn from),
+        node_tokens [B, N] int32, and the static children [N+1, W] and depth D (`TreeRound`).
       cfg: sampling configuration shared by draft and target.
-      children: static [N+1, W] children by rank, -1 padded (`TreeShape.children`).
-      depth: static D, the tree's depth.
     Returns:
       path [B, D] int32 accepted node ids by depth (0 past the accepted length),
       num_accepted [B] int32 in 0..D, next_token [B] int32,
@@ -53,12 +44,13 @@ def verify_tree(
         tried, given those candidates (its mean over rounds is the depth's acceptance rate),
       tested [B, D] bool whether the walk tried candidates at that depth.
     """
+    node_tokens = round.node_tokens
     if cfg.greedy:
-        return _verify_tree_greedy(target_logits, node_tokens, children, depth)
+        return _verify_tree_greedy(round.target_logits, node_tokens, round.children, round.depth)
     batch, nodes = node_tokens.shape
     rows = jnp.arange(batch)
-    kids_of = jnp.asarray(children)
-    p_all = jnp.exp(process_logits(target_logits, cfg))  # [B, N+1, V]
+    kids_of = jnp.asarray(round.children)
+    p_all = jnp.exp(process_logits(round.target_logits, cfg))  # [B, N+1, V]
     accept_rng, resample_rng = jax.random.split(rng)
     uniform = jax.random.uniform(accept_rng, (batch, nodes), dtype=jnp.float32)
 
@@ -66,7 +58,7 @@ def verify_tree(
     alive = jnp.ones((batch,), jnp.bool_)
     next_dist = p_all[:, 0]
     path, beta, tested = [], [], []
-    for _ in range(depth):
+    for _ in range(round.depth):
         kids = kids_of[cur]  # [B, W]
         p = p_all[rows, cur]  # [B, V]
         chosen = jnp.full((batch,), -1, jnp.int32)
@@ -75,7 +67,7 @@ def verify_tree(
             kid = kids[:, rank]
             slot = jnp.maximum(kid - 1, 0)
             token = node_tokens[rows, slot]
-            q = jnp.exp(node_log_q[rows, slot])  # [B, V]
+            q = jnp.exp(round.node_log_q[rows, slot])  # [B, V]
             p_x, q_x = p[rows, token], q[rows, token]
             tried = alive & (kid >= 0) & (q_x > 0)
             keep = tried & (chosen < 0) & (uniform[rows, slot] * q_x < p_x)
