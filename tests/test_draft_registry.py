@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
-from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.drafter import DraftRequest, StatelessDrafter, one_hot_logits
 from speculative.drafts import registry
 from speculative.errors import JobError
 from speculative.loading import specs as model_loading
@@ -32,16 +31,11 @@ class FixedTokenDrafter(StatelessDrafter):
     token: int
 
     def propose(
-        self,
-        params: tuple,
-        state: tuple,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: tuple, state: tuple, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, tuple]:
-        del params, rng, sampling
-        tokens = jnp.full((context.last.shape[0], gamma), self.token, jnp.int32)
+        del params
+        rows = request.context.last.shape[0]
+        tokens = jnp.full((rows, request.gamma), self.token, jnp.int32)
         return tokens, one_hot_logits(tokens, self.vocab_size), state
 
 

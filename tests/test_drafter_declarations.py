@@ -10,7 +10,12 @@ import pytest
 
 import speculative.drafts  # noqa: F401  (registers and imports every built-in draft)
 from speculative import decoding
-from speculative.decoding.drafter import OPTIONAL_STATS, StatelessDrafter, declaration_errors
+from speculative.decoding.drafter import (
+    OPTIONAL_STATS,
+    DraftRequest,
+    StatelessDrafter,
+    declaration_errors,
+)
 from speculative.drafts.cross_vocab import CrossVocabDrafter
 from speculative.drafts.feature_head import FeatureHeadDrafter
 from speculative.drafts.layer_skip import LayerSkipDrafter
@@ -93,7 +98,7 @@ def test_undeclared_tree_is_refused():
     with pytest.raises(ValueError, match="draft FixedTokenDrafter cannot propose a tree"):
         decoding.resolve_drafter(_target(), FixedTokenDrafter(8, 1), _config(tree))
     with pytest.raises(NotImplementedError, match="cannot propose a tree"):
-        _Misspelt(8, 1).propose_tree(None, None, None, None, tree, None)
+        _Misspelt(8, 1).propose_tree(None, None, DraftRequest(None, None, None, tree.depth, tree))
 
 
 def _target():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from speculative import decoding
+from speculative.decoding.drafter import DraftRequest
 from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import base, layer_skip, ngram, prompt_lookup
 from tests import helpers
@@ -150,7 +151,8 @@ def _lookup(prompt, gamma, **kw):
         budget=jnp.array([gamma]),
     )
     drafter = prompt_lookup.PromptLookupDrafter(16, **kw)
-    tokens, logits, _ = drafter.propose((), (), ctx, jax.random.PRNGKey(0), gamma, SamplingConfig())
+    request = DraftRequest(ctx, jax.random.PRNGKey(0), SamplingConfig(), gamma)
+    tokens, logits, _ = drafter.propose((), (), request)
     np.testing.assert_array_equal(jnp.argmax(logits, -1), tokens)
     assert np.all(np.isneginf(np.asarray(logits)).sum(-1) == 15)  # one-hot q
     return np.asarray(tokens[0]).tolist()

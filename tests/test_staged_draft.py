@@ -14,7 +14,7 @@ import pytest
 
 from speculative import decoding
 from speculative.decoding.config import DecodeConfig
-from speculative.decoding.drafter import DraftContext
+from speculative.decoding.drafter import DraftContext, DraftRequest
 from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import staged
 from speculative.errors import JobError
@@ -56,7 +56,7 @@ def _proposals(drafter, params, cfg: SamplingConfig, gamma: int, seed: int = 3):
     @jax.jit
     def run(params, rng):
         state = drafter.init(params, batch, config)
-        tokens, _, _ = drafter.propose(params, state, context, rng, gamma, cfg)
+        tokens, _, _ = drafter.propose(params, state, DraftRequest(context, rng, cfg, gamma))
         return tokens
 
     return np.asarray(run(params, jax.random.PRNGKey(seed)))

@@ -10,8 +10,9 @@ and -inf elsewhere (a one-hot q), and a draft that cannot guess may still propos
 
 A drafter is a frozen, hashable object (a static `jax.jit` argument) holding only static
 configuration. Arrays it needs (model weights, n-gram tables) are its `params`, a pytree passed
-next to it, and what it carries between rounds is its `state`, a pytree it builds in `init`. Shapes
-are static: B rows, G = gamma, V = vocabulary.
+next to it, and what it carries between rounds is its `state`, a pytree it builds in `init`. Each
+round the loop asks for proposals with one `DraftRequest` (the committed text, a key, the sampling
+config, gamma or a tree shape). Shapes are static: B rows, G = gamma, V = vocabulary.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative.decoding.sampling import SamplingConfig, process_logits
+from speculative.decoding.tree import TreeShape
 
 
 @flax.struct.dataclass
@@ -72,6 +74,25 @@ class DraftContext:
         ids = jnp.take_along_axis(ids, jnp.clip(gather, 0, ids.shape[1] - 1), axis=1)
         length = self.prompt_lengths + self.lengths
         return jnp.where(index < length[:, None], ids, 0), length
+
+
+@flax.struct.dataclass
+class DraftRequest:
+    """What one round asks of a drafter: a chain of gamma proposals (`Drafter.propose`) or the
+    nodes of a token tree (`Drafter.propose_tree`).
+
+    context: the committed text of every row (`DraftContext`).
+    rng: the round's draft key (a drafter splits it as it likes; same key, same proposals).
+    sampling: static; how logits become q (`sampling.process_logits`).
+    gamma: static; G, the proposals per row of a chain (a tree's depth when `tree` is given).
+    tree: static; the `TreeShape` that `propose_tree` grows, None for a chain.
+    """
+
+    context: DraftContext
+    rng: jax.Array
+    sampling: SamplingConfig = flax.struct.field(pytree_node=False)
+    gamma: int = flax.struct.field(pytree_node=False)
+    tree: TreeShape | None = flax.struct.field(pytree_node=False, default=None)
 
 
 def draft_confidence(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
@@ -129,19 +150,13 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self,
-        params: Any,
-        state: Any,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: Any, state: Any, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, Any]:
-        """gamma proposals per row: (tokens [B, G] int32, logits [B, G, V] float32 with
-        tokens[:, i] ~ process_logits(logits[:, i], sampling), new state).
+        """request.gamma proposals per row: (tokens [B, G] int32, logits [B, G, V] float32 with
+        tokens[:, i] ~ process_logits(logits[:, i], request.sampling), new state).
 
-        The state is the one this drafter returned last round; `context` says what was committed
-        since, so a drafter that ran ahead rewinds to `context.pos` here.
+        The state is the one this drafter returned last round; `request.context` says what was
+        committed since, so a drafter that ran ahead rewinds to `context.pos` here.
         """
         ...
 
@@ -150,10 +165,11 @@ class Drafter(Protocol):
         ...
 
     # Declared by grows_trees, for token trees (DecodeConfig.tree):
-    #   propose_tree(params, state, context, rng, tree, sampling) -> (tokens [B, N] int32,
-    #     log_q [B, N, V] float32, new state): node j's token drawn from exp(log_q[:, j - 1]), the
-    #     distribution it was drawn from given its earlier siblings (normalised log-probabilities,
-    #     not logits: a sibling drawn without replacement has q with the earlier ones removed).
+    #   propose_tree(params, state, request) -> (tokens [B, N] int32, log_q [B, N, V] float32,
+    #     new state), the nodes of `request.tree`: node j's token drawn from exp(log_q[:, j - 1]),
+    #     the distribution it was drawn from given its earlier siblings (normalised
+    #     log-probabilities, not logits: a sibling drawn without replacement has q with the earlier
+    #     ones removed).
     #   grows_tree(tree) -> bool: whether it can propose that shape.
     #
     # Declared by reads_target_features, for drafts that read the target's hidden states
@@ -201,10 +217,11 @@ class StatelessDrafter:
         """Drafts declaring grows_trees grow trees of first children (tree widths)."""
         return self.grows_trees and tree.first_child_chain
 
-    def propose_tree(self, params, state, context, rng, tree, sampling):
+    def propose_tree(self, params: Any, state: Any, request: DraftRequest) -> Any:
         """A draft that grows trees overrides this (and declares grows_trees)."""
-        del params, state, context, rng, sampling
-        raise NotImplementedError(f"draft {type(self).__name__} cannot propose a {tree.describe()}")
+        del params, state
+        tree = request.tree.describe()
+        raise NotImplementedError(f"draft {type(self).__name__} cannot propose a {tree}")
 
     def place_params(self, partitioner: Any, params: Any) -> Any:
         return jax.device_put(params, partitioner.replicated())

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from speculative.decoding import acceptance
 from speculative.decoding.config import DecodeConfig
-from speculative.decoding.drafter import DraftContext, Drafter, draft_confidence
+from speculative.decoding.drafter import DraftContext, Drafter, DraftRequest, draft_confidence
 from speculative.decoding.model_drafter import as_drafter
 from speculative.decoding.sampling import SamplingConfig, sample
 from speculative.decoding.state import (
@@ -197,14 +197,11 @@ class _Verdict:
 def _propose(s, drafter, draft_params, context, rng, config):
     """(tokens [B, N], logits or log q [B, N, V], draft state, proposed [B]): a chain of gamma
     tokens (N = gamma), or the nodes of config.tree."""
+    request = DraftRequest(context, rng, config.sampling, config.gamma, config.tree)
     if config.tree is None:
-        tokens, logits, state = drafter.propose(
-            draft_params, s.draft, context, rng, config.gamma, config.sampling
-        )
+        tokens, logits, state = drafter.propose(draft_params, s.draft, request)
         return tokens, logits, state, _draft_lengths(context, logits, config.sampling)
-    tokens, log_q, state = drafter.propose_tree(
-        draft_params, s.draft, context, rng, config.tree, config.sampling
-    )
+    tokens, log_q, state = drafter.propose_tree(draft_params, s.draft, request)
     return tokens, log_q, state, jnp.full_like(s.pos, config.gamma)
 
 

@@ -11,10 +11,16 @@ import jax.numpy as jnp
 
 from speculative.decoding.checks import check_pair, validate_batch
 from speculative.decoding.config import DecodeConfig
-from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter, draft_confidence
-from speculative.decoding.sampling import SamplingConfig, sample
+from speculative.decoding.drafter import (
+    DraftContext,
+    Drafter,
+    DraftRequest,
+    StatelessDrafter,
+    draft_confidence,
+)
+from speculative.decoding.sampling import sample
 from speculative.decoding.state import constrain, prefill
-from speculative.decoding.tree import TreeShape, grow_first_child_tree
+from speculative.decoding.tree import grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
 
 
@@ -63,20 +69,14 @@ class ModelDrafter(StatelessDrafter):
         return constrain(partitioner, self.model, state, "draft")
 
     def propose(
-        self,
-        params: Any,
-        state: DecodeState,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: Any, state: DecodeState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         """gamma tokens per row: (tokens [B, G], logits [B, G, V] they were drawn from, state with
         index pos + G)."""
         params = self.model_params(params)
-        draft = self.model
+        draft, context, sampling = self.model, request.context, request.sampling
         logits, state = self._catch_up(params, state, context)
-        rngs = jax.random.split(rng, gamma)
+        rngs = jax.random.split(request.rng, request.gamma)
         token, _ = sample(rngs[0], logits, sampling)
         if context.adaptive:
             return self._propose_until_stopped(
@@ -95,25 +95,21 @@ class ModelDrafter(StatelessDrafter):
         return tokens, all_logits, state
 
     def propose_tree(
-        self,
-        params: Any,
-        state: DecodeState,
-        context: DraftContext,
-        rng: jax.Array,
-        tree: TreeShape,
-        sampling: SamplingConfig,
+        self, params: Any, state: DecodeState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         """A tree of first children (decoding/tree.py): each depth's siblings drawn without
         replacement from q at the first child above; D - 1 draft steps after the catch-up.
         Returns (tokens [B, N], log_q [B, N, V], state with index pos + D)."""
         params = self.model_params(params)
-        logits, state = self._catch_up(params, state, context)
+        logits, state = self._catch_up(params, state, request.context)
 
         def step(state, token):
             step_logits, state = self.model.extend(params, state, token[:, None])
             return step_logits[:, 0], state
 
-        return grow_first_child_tree(step, state, logits, tree, rng, sampling)
+        return grow_first_child_tree(
+            step, state, logits, request.tree, request.rng, request.sampling
+        )
 
     def _catch_up(
         self, params: Any, state: DecodeState, context: DraftContext

@@ -54,10 +54,10 @@ import numpy as np
 from speculative.data import inputs
 from speculative.decoding.checks import to_host, validate_batch
 from speculative.decoding.config import DecodeConfig
-from speculative.decoding.drafter import DraftContext, StatelessDrafter
-from speculative.decoding.sampling import SamplingConfig, sample
+from speculative.decoding.drafter import DraftContext, DraftRequest, StatelessDrafter
+from speculative.decoding.sampling import sample
 from speculative.decoding.state import constrain, prefill
-from speculative.decoding.tree import TreeShape, grow_first_child_tree
+from speculative.decoding.tree import grow_first_child_tree
 from speculative.models.base import DecodeState, LanguageModel
 from speculative.vocab.cross_tables import CrossTables
 
@@ -337,22 +337,17 @@ class CrossVocabDrafter(StatelessDrafter):
         return state.stalled
 
     def propose(
-        self,
-        params: Any,
-        state: CrossState,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: Any, state: CrossState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, CrossState]:
         """gamma target ids per row: (tokens [B, G], q's logits [B, G, Vt], state)."""
         weights, to_draft = params["model"], params["tables"]["to_draft"]
+        context, gamma = request.context, request.gamma
         logits, cache, base, tail, stalled = self._catch_up(params, state, context, gamma)
-        rngs = jax.random.split(rng, gamma)
+        rngs = jax.random.split(request.rng, gamma)
 
         def draw(step_rng, step_logits):  # [B, Vd] -> target ids [B], q [B, Vt], outside [B]
             q = restrict(step_logits, to_draft)
-            token, _ = sample(step_rng, q, sampling)
+            token, _ = sample(step_rng, q, request.sampling)
             return token, q, outside_mass(step_logits, to_draft)
 
         first = draw(rngs[0], logits)
@@ -373,19 +368,14 @@ class CrossVocabDrafter(StatelessDrafter):
         return tokens, q, new
 
     def propose_tree(
-        self,
-        params: Any,
-        state: CrossState,
-        context: DraftContext,
-        rng: jax.Array,
-        tree: TreeShape,
-        sampling: SamplingConfig,
+        self, params: Any, state: CrossState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, CrossState]:
         """A tree of first children (decoding/tree.py) over target ids, each depth's siblings
         drawn without replacement from the restricted q at the first child above: (tokens
         [B, N], log_q [B, N, Vt], state). Only first children are fed to the draft, so the
         accepted path's nodes are in its cache but the last, the anchor of the next catch-up."""
         weights, to_draft = params["model"], params["tables"]["to_draft"]
+        context, tree = request.context, request.tree
         logits, cache, base, tail, stalled = self._catch_up(params, state, context, tree.depth)
         outside = jnp.zeros((logits.shape[0], tree.depth), jnp.float32)
         outside = outside.at[:, 0].set(outside_mass(logits, to_draft))
@@ -399,7 +389,7 @@ class CrossVocabDrafter(StatelessDrafter):
         carry = (cache, jnp.asarray(1, jnp.int32), outside)
         root = restrict(logits, to_draft)
         tokens, log_q, (cache, _, outside) = grow_first_child_tree(
-            step, carry, root, tree, rng, sampling
+            step, carry, root, tree, request.rng, request.sampling
         )
         # Siblings share their depth's q: the mass outside counted once per node.
         outside = outside * jnp.asarray(tree.widths, jnp.float32)[None, :]

@@ -32,9 +32,9 @@ import numpy as np
 
 from speculative.checkpoints import families, t5x, validation
 from speculative.checkpoints.t5x_write import checkpoint_steps
-from speculative.decoding.drafter import DraftContext, StatelessDrafter
-from speculative.decoding.sampling import SamplingConfig, sample
-from speculative.decoding.tree import TreeShape, grow_first_child_tree
+from speculative.decoding.drafter import DraftRequest, StatelessDrafter
+from speculative.decoding.sampling import sample
+from speculative.decoding.tree import grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import JobError
 from speculative.models import padding
@@ -135,18 +135,14 @@ class FeatureHeadDrafter(StatelessDrafter):
         return self.draft_logits(params, predicted[:, 0]), (cache, predicted[:, 0])
 
     def propose(
-        self,
-        params: Any,
-        state: HeadDraftState,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: Any, state: HeadDraftState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, HeadDraftState]:
-        """gamma tokens: the first from the kept prediction, then gamma - 1 head steps."""
-        del context  # observe_target has put the cache at the newest committed token
+        """gamma tokens: the first from the kept prediction, then gamma - 1 head steps: (tokens
+        [B, G], logits [B, G, V], state). The context is not read: observe_target has put the
+        cache at the newest committed token."""
+        sampling = request.sampling
         logits = self.draft_logits(params, state.feature)
-        rngs = jax.random.split(rng, gamma)
+        rngs = jax.random.split(request.rng, request.gamma)
         token, _ = sample(rngs[0], logits, sampling)
 
         def step(carry, step_rng):
@@ -162,24 +158,18 @@ class FeatureHeadDrafter(StatelessDrafter):
         return tokens, all_logits, state  # the drafted entries are overwritten by observe_target
 
     def propose_tree(
-        self,
-        params: Any,
-        state: HeadDraftState,
-        context: DraftContext,
-        rng: jax.Array,
-        tree: TreeShape,
-        sampling: SamplingConfig,
+        self, params: Any, state: HeadDraftState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, HeadDraftState]:
-        """A tree of first children (decoding/tree.py) grown by D - 1 head steps."""
-        del context
+        """A tree of first children (decoding/tree.py) grown by D - 1 head steps: (tokens
+        [B, N], log_q [B, N, V], state)."""
         root_logits = self.draft_logits(params, state.feature)
         tokens, log_q, _ = grow_first_child_tree(
             lambda carry, token: self.draft_step(params, carry, token),
             (state.cache, state.feature),
             root_logits,
-            tree,
-            rng,
-            sampling,
+            request.tree,
+            request.rng,
+            request.sampling,
         )
         return tokens, log_q, state
 
@@ -260,6 +250,10 @@ def _validate(spec: registry.DraftSpec, role: str) -> None:
         )
 
 
+def _describe(spec: registry.DraftSpec) -> str:
+    return f"feature_head ({spec.checkpoint})"
+
+
 def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
     try:
         config, head_params, ids, step = load_head(spec.checkpoint)
@@ -269,12 +263,5 @@ def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role
         raise JobError(str(e), role=role, path=spec.checkpoint) from e
 
 
-registry.register(
-    registry.DraftKind(
-        name="feature_head",
-        description="a trained head reading the target's hidden states (EAGLE-style; checkpoint)",
-        build=_build,
-        validate=_validate,
-        describe=lambda spec: f"feature_head ({spec.checkpoint})",
-    )
-)
+DESCRIPTION = "a trained head reading the target's hidden states (EAGLE-style; checkpoint)"
+registry.register(registry.DraftKind("feature_head", DESCRIPTION, _build, _validate, _describe))

@@ -73,6 +73,10 @@ def _validate(spec: registry.DraftSpec, role: str) -> None:
         raise JobError(f"{role}: layer_skip num_layers must be an integer >= 1")
 
 
+def _describe(spec: registry.DraftSpec) -> str:
+    return f"layer_skip (the target's first {spec.num_layers} layer(s))"
+
+
 def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role: str):
     bare, _ = padding.split(target_model)
     if not families.supports(bare, "layer_skip"):  # other wrappers are refused too
@@ -83,12 +87,5 @@ def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role
         raise JobError(str(e), role=role) from e
 
 
-registry.register(
-    registry.DraftKind(
-        name="layer_skip",
-        description="the target's own first num_layers layers (a DecoderLM target, its params)",
-        build=_build,
-        validate=_validate,
-        describe=lambda spec: f"layer_skip (the target's first {spec.num_layers} layer(s))",
-    )
-)
+DESCRIPTION = "the target's own first num_layers layers (a DecoderLM target, its params)"
+registry.register(registry.DraftKind("layer_skip", DESCRIPTION, _build, _validate, _describe))

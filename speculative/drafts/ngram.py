@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.decoding.drafter import DraftContext, StatelessDrafter
-from speculative.decoding.sampling import SamplingConfig, sample
-from speculative.decoding.tree import TreeShape, grow_first_child_tree
+from speculative.decoding.drafter import DraftRequest, StatelessDrafter
+from speculative.decoding.sampling import sample
+from speculative.decoding.tree import grow_first_child_tree
 from speculative.drafts import registry
 from speculative.errors import (
     LOADER_ERRORS,
@@ -192,32 +192,22 @@ class NgramDrafter(StatelessDrafter):
             raise ValueError(f"n-gram order must be 1 or 2, got {self.order!r}")
 
     def propose(
-        self,
-        params: NgramTables,
-        state: tuple,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: NgramTables, state: tuple, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, tuple]:
-        """gamma tokens per row, each drawn from q(· | the token before it)."""
+        """gamma tokens per row, each drawn from q(· | the token before it): (tokens [B, G],
+        logits [B, G, V], state)."""
 
         def step(previous, step_rng):
             logits = self._logits(params, previous)
-            token, _ = sample(step_rng, logits, sampling)
+            token, _ = sample(step_rng, logits, request.sampling)
             return token, (token, logits)
 
-        _, (tokens, logits) = jax.lax.scan(step, context.last, jax.random.split(rng, gamma))
+        rngs = jax.random.split(request.rng, request.gamma)
+        _, (tokens, logits) = jax.lax.scan(step, request.context.last, rngs)
         return tokens.T, jnp.swapaxes(logits, 0, 1), state
 
     def propose_tree(
-        self,
-        params: NgramTables,
-        state: tuple,
-        context: DraftContext,
-        rng: jax.Array,
-        tree: TreeShape,
-        sampling: SamplingConfig,
+        self, params: NgramTables, state: tuple, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, tuple]:
         """A tree of first children: each depth's siblings drawn without replacement from
         q(· | the first child above). Returns (tokens [B, N], log_q [B, N, V], state)."""
@@ -225,7 +215,8 @@ class NgramDrafter(StatelessDrafter):
         def step(carry, token):
             return self._logits(params, token), carry
 
-        root = self._logits(params, context.last)
+        root = self._logits(params, request.context.last)
+        tree, rng, sampling = request.tree, request.rng, request.sampling
         tokens, log_q, _ = grow_first_child_tree(step, (), root, tree, rng, sampling)
         return tokens, log_q, state
 
@@ -270,13 +261,8 @@ def _build(spec: registry.DraftSpec, target_model: Any, target_params: Any, role
 
 
 def _kind(name: str, q: str) -> registry.DraftKind:
-    return registry.DraftKind(
-        name=name,
-        description=f"proposes from {q} of n-gram tables (tables: a speculative.fit_ngram .npz)",
-        build=_build,
-        validate=_validate,
-        describe=_describe,
-    )
+    description = f"proposes from {q} of n-gram tables (tables: a speculative.fit_ngram .npz)"
+    return registry.DraftKind(name, description, _build, _validate, _describe)
 
 
 registry.register(_kind("unigram", "q(x)"))

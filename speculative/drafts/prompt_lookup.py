@@ -25,8 +25,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from speculative.decoding.drafter import DraftContext, StatelessDrafter, one_hot_logits
-from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.drafter import DraftRequest, StatelessDrafter, one_hot_logits
 from speculative.decoding.tree import TreeShape, by_node
 from speculative.drafts import registry
 from speculative.errors import JobError
@@ -95,36 +94,29 @@ class PromptLookupDrafter(StatelessDrafter):
             )
 
     def propose(
-        self,
-        params: tuple,
-        state: tuple,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: tuple, state: tuple, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, tuple]:
-        """gamma tokens per row read off the latest match of the text's tail (see module doc)."""
-        del params, rng, sampling  # deterministic proposals; q is one-hot on them
-        ids, length = context.history()
-        tokens = continuation(ids, length, context.last, gamma, self.max_ngram, self.min_ngram)
+        """gamma tokens per row read off the latest match of the text's tail (see module doc):
+        (tokens [B, G], logits [B, G, V], state)."""
+        del params  # deterministic proposals, no key: q is one-hot on them
+        ids, length = request.context.history()
+        tokens = continuation(
+            ids, length, request.context.last, request.gamma, self.max_ngram, self.min_ngram
+        )
         return tokens, one_hot_logits(tokens, self.vocab_size), state
 
     def propose_tree(
-        self,
-        params: tuple,
-        state: tuple,
-        context: DraftContext,
-        rng: jax.Array,
-        tree: TreeShape,
-        sampling: SamplingConfig,
+        self, params: tuple, state: tuple, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, tuple]:
         """A lookup tree: the first children follow the best match (as `propose`); their
         siblings are the next tokens of the other matches that agree with the first children so
         far (up to the widest depth's count of latest matches per n-gram length), best first.
         q is one-hot on each node. Returns (tokens [B, N], log_q [B, N, V], state)."""
-        del params, rng, sampling
-        ids, length = context.history()
-        tokens = _lookup_tree(ids, length, context.last, tree, self.max_ngram, self.min_ngram)
+        del params
+        ids, length = request.context.history()
+        tokens = _lookup_tree(
+            ids, length, request.context.last, request.tree, self.max_ngram, self.min_ngram
+        )
         return tokens, one_hot_logits(tokens, self.vocab_size), state
 
 
@@ -178,17 +170,14 @@ def _validate(spec: registry.DraftSpec, role: str) -> None:
         )
 
 
+def _describe(spec: registry.DraftSpec) -> str:
+    return f"prompt_lookup (ngram {spec.max_ngram}..{spec.min_ngram})"
+
+
 def _build(spec: registry.DraftSpec, target_model, target_params, role: str):
     del target_params, role
     return PromptLookupDrafter(target_model.vocab_size, spec.max_ngram, spec.min_ngram), ()
 
 
-registry.register(
-    registry.DraftKind(
-        name="prompt_lookup",
-        description="copies the continuation of the latest n-gram match (max_ngram..min_ngram)",
-        build=_build,
-        validate=_validate,
-        describe=lambda spec: f"prompt_lookup (ngram {spec.max_ngram}..{spec.min_ngram})",
-    )
-)
+DESCRIPTION = "copies the continuation of the latest n-gram match (max_ngram..min_ngram)"
+registry.register(registry.DraftKind("prompt_lookup", DESCRIPTION, _build, _validate, _describe))

@@ -6,18 +6,20 @@ it in outputs, and the builder of its `Drafter` for the fitted target. The jobs 
 through this module (by way of `model_loading.build_draft`); nothing else names a kind, and
 `names()` lists them by name.
 
-Adding a draft kind is one file and one `register(...)` call:
+Adding a draft kind is one file and one `register(...)` statement:
 
   1. Write speculative/drafts/<name>.py: the drafter (a `decoding.StatelessDrafter`, or a
-     `decoding.ModelDrafter` for a model-shaped draft) and, at the bottom,
+     `decoding.ModelDrafter` for a model-shaped draft), its module functions
 
-         registry.register(registry.DraftKind(
-             name="<name>",
-             description="one line for --help and the docs",
-             build=_build,          # (spec, target_model, target_params, role) -> (drafter, params)
-             validate=_validate,    # (spec, role) -> None; raises JobError (optional)
-             describe=_describe,    # spec -> one line for outputs (optional; default: the name)
-         ))
+         _build(spec, target_model, target_params, role) -> (drafter, params)
+         _validate(spec, role) -> None; raises JobError (optional)
+         _describe(spec) -> one line for outputs (optional; default: the name)
+
+     and, at the bottom, the kind (`DraftKind`'s fields in order: name, description, build,
+     validate, describe):
+
+         DESCRIPTION = "one line for --help and the docs"
+         registry.register(registry.DraftKind("<name>", DESCRIPTION, _build, _validate, _describe))
 
      `build` gets the fitted target: a model whose padding ids are masked has them masked in its
      `vocab_size`, and `models.padding.split` gives the bare model and the function that masks a

@@ -28,9 +28,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from speculative.decoding.drafter import DraftContext, one_hot_logits
+from speculative.decoding.drafter import DraftRequest, one_hot_logits
 from speculative.decoding.model_drafter import ModelDrafter
-from speculative.decoding.sampling import SamplingConfig, verify
+from speculative.decoding.sampling import verify
 from speculative.drafts.prompt_lookup import continuation
 from speculative.models.base import DecodeState, write_rows
 
@@ -60,17 +60,11 @@ class StagedDrafter(ModelDrafter):
         return 2 * self.lookahead + 2
 
     def propose(
-        self,
-        params: Any,
-        state: DecodeState,
-        context: DraftContext,
-        rng: jax.Array,
-        gamma: int,
-        sampling: SamplingConfig,
+        self, params: Any, state: DecodeState, request: DraftRequest
     ) -> tuple[jax.Array, jax.Array, DecodeState]:
         """gamma tokens per row (tokens [B, G], logits [B, G, V] they were drawn from, state)."""
         params = self.model_params(params)
-        k = self.lookahead
+        context, rng, gamma, k = request.context, request.rng, request.gamma, self.lookahead
         rows, pos = context.last.shape[0], context.pos
         slots = gamma + k + 1  # a call starting at n = gamma - 1 fills up to n + k + 1
         ids, length = context.history()
@@ -99,7 +93,7 @@ class StagedDrafter(ModelDrafter):
                 scored,
                 one_hot_logits(guesses, self.vocab_size),
                 guesses,
-                sampling,
+                request.sampling,
             )
             j = jnp.arange(k + 1)[None, :]
             new = jnp.where(

@@ -121,7 +121,10 @@ def draft_propose_time(
     """Median seconds per proposed token of `drafter.propose` for config.gamma tokens on `batch`
     (a decoder-only prompt [B, P] or encoder inputs), in a jitted loop: the draft step time of a
     draft that is not a separate model (c of an n-gram or prompt-lookup draft is about 0)."""
-    from speculative.decoding.drafter import DraftContext  # timing stays importable without drafts
+    from speculative.decoding.drafter import (  # timing stays importable without drafts
+        DraftContext,
+        DraftRequest,
+    )
 
     gamma = config.gamma
     prompt = inputs.input_tokens(batch)
@@ -153,7 +156,8 @@ def draft_propose_time(
                 params, state, features, jnp.zeros(width, jnp.int32), context.pos,
                 jnp.full((rows,), gamma + 1, jnp.int32),
             )  # fmt: skip
-        tokens, _, state = drafter.propose(params, state, context, key, gamma, config.sampling)
+        request = DraftRequest(context, key, config.sampling, gamma)
+        tokens, _, state = drafter.propose(params, state, request)
         # The proposal feeds the next step: a drafter whose state does not change in propose
         # (it is rewritten by the next observe) would otherwise have its steps optimised away.
         return state, jax.random.fold_in(rng, jnp.sum(tokens))
