@@ -4,9 +4,12 @@ The package, read in order (docs/design.md §7):
   tree.py           `TreeShape`: static token-tree shapes, and how a sampled draft grows one
   acceptance/       the acceptance rules, plug-ins: `Rule`, `RULES` (token, block, traversal),
                     and `verify`, the loop's one call for chains and trees
-  config.py         `GammaPolicy`, `DecodeConfig`: every static setting of one decode, checked once
+  spec.py           `GammaPolicy`, `SpeculationSpec`: the speculation settings (gamma or a tree,
+                    gamma policy, lenience, acceptance rule), checked once, here
+  config.py         `DecodeConfig`: every static setting of one decode (its speculation: a spec)
   state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`
-  drafter.py        the `Drafter` protocol and `DraftContext`: the interface every draft implements
+  drafter.py        the `Drafter` protocol, `DraftContext` and `DraftRequest`: the interface every
+                    draft implements
   model_drafter.py  `ModelDrafter` (the paper's draft: a smaller model), `as_drafter`
   loop.py           the whole decode loop: `autoregressive_loop`, `speculative_loop`
   checks.py         host-side validation and the NaN check
@@ -28,9 +31,10 @@ from speculative.decoding.api import (
 )
 from speculative.decoding.checks import NaNLogitsError, check_finite, check_pair, validate_batch
 from speculative.decoding.config import DecodeConfig, GammaPolicy
-from speculative.decoding.drafter import DraftContext, Drafter, StatelessDrafter
+from speculative.decoding.drafter import DraftContext, Drafter, DraftRequest, StatelessDrafter
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import ModelDrafter, as_drafter
+from speculative.decoding.spec import SpeculationSpec
 from speculative.decoding.state import DecodeOutput, DecodeStats, LoopState, prefill
 from speculative.decoding.tree import TreeShape
 
@@ -39,12 +43,14 @@ __all__ = [
     "DecodeOutput",
     "DecodeStats",
     "DraftContext",
+    "DraftRequest",
     "Drafter",
     "GammaPolicy",
     "LoopCall",
     "LoopState",
     "ModelDrafter",
     "NaNLogitsError",
+    "SpeculationSpec",
     "StatelessDrafter",
     "TreeShape",
     "as_drafter",

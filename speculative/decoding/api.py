@@ -22,6 +22,7 @@ from speculative.decoding.drafter import Drafter, check_tree
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import as_drafter
 from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.spec import SpeculationSpec
 from speculative.decoding.state import DecodeOutput
 from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
@@ -99,9 +100,8 @@ def speculative_decode(
     """
     if gamma is None and tree is None:
         raise ValueError("speculative_decode needs gamma (>= 1) or a tree")
-    config = DecodeConfig(
-        max_decode_len, eos_id, sampling, gamma, lenience, gamma_policy, acceptance, tree
-    )
+    spec = SpeculationSpec(gamma, tree, gamma_policy, lenience, acceptance)
+    config = DecodeConfig.from_spec(spec, max_decode_len, eos_id, sampling)
     drafter = resolve_drafter(target, draft, config)
     return _run(target, target_params, drafter, draft_params, batch, config, rng, partitioner)
 

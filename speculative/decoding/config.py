@@ -1,109 +1,23 @@
-"""The static settings of one decode: `GammaPolicy` and `DecodeConfig`.
+"""The static settings of one decode: `DecodeConfig` (`GammaPolicy` is re-exported from spec.py).
 
-`DecodeConfig` is the one place decode settings are checked; jobs build one and read it
-(docs/design.md §7).
+`DecodeConfig` checks its own settings, and its speculation settings by building the
+`SpeculationSpec` that holds them (spec.py, the one place they are checked; docs/design.md §7).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import numpy as np
 
 from speculative.data import inputs
-from speculative.decoding import acceptance
 from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.spec import GammaPolicy, SpeculationSpec, is_int
 from speculative.decoding.tree import TreeShape
 from speculative.models.base import LanguageModel
 
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class GammaPolicy:
-    """How many of the gamma draft slots each row uses per round (DecodeConfig.gamma is the most).
-
-    kind:
-      "fixed": every row drafts gamma tokens every round (the paper's algorithm).
-      "confidence": a row stops drafting after a token whose draft confidence max_x q(x) is below
-        `threshold` (Hugging Face's assistant confidence stop; `decoding.drafter.draft_confidence`).
-      "schedule": each row's length starts at `initial` and moves by +2 after a round that accepted
-        every drafted token, by -1 otherwise, within 1..gamma (Hugging Face's heuristic schedule,
-        per row here).
-    Shapes stay static: the target always scores gamma + 1 positions and the unused slots are never
-    accepted. Exact: a row's length depends only on its draft and on earlier rounds.
-    """
-
-    kind: str = "fixed"
-    threshold: float = 0.4
-    initial: int = 4
-
-    def __post_init__(self):
-        if self.kind not in ("fixed", "confidence", "schedule"):
-            raise ValueError(
-                f"gamma policy must be 'fixed', 'confidence' or 'schedule', got {self.kind!r}"
-            )
-        if not 0.0 <= self.threshold < 1.0:
-            raise ValueError(f"confidence threshold must be in [0, 1), got {self.threshold!r}")
-        if not _is_int(self.initial) or self.initial < 1:
-            raise ValueError(
-                f"schedule initial gamma must be an integer >= 1, got {self.initial!r}"
-            )
-
-    @property
-    def adaptive(self) -> bool:
-        return self.kind != "fixed"
-
-
-def check_tree_settings(acceptance_name: Any, lenience: Any, gamma_policy: Any) -> None:
-    """Raises ValueError naming the first setting a token tree cannot run with: a rule that
-    verifies trees (`acceptance.RULES`), and lenience and a gamma policy that rule supports there.
-
-    The one rule: DecodeConfig checks its tree with it, and the jobs' TREE check
-    (`job_config.check_tree`) turns its error into theirs before anything is loaded.
-    """
-    tree_rules = acceptance.names(True)
-    rule = acceptance.RULES.get(acceptance_name) if isinstance(acceptance_name, str) else None
-    support = rule.trees if rule is not None else None
-    if support is None:
-        needed = f"one of {tree_rules}" if len(tree_rules) > 1 else repr(tree_rules[0])
-        refused = f"acceptance must be {needed}, got {acceptance_name!r}"
-    elif lenience != 1.0 and not support.lenient:
-        refused = f"lenience must be 1.0, got {lenience!r}"
-    elif gamma_policy != GammaPolicy() and not support.adaptive:
-        refused = f"gamma_policy must be {GammaPolicy()!r}, got {gamma_policy!r}"
-    else:
-        return
-    raise ValueError(
-        f"a token tree is verified by an exact tree rule with a fixed shape: {refused}"
-    )
-
-
-def check_chain_settings(acceptance_name: Any, lenience: float, gamma_policy: GammaPolicy) -> None:
-    """Raises ValueError unless `acceptance_name` is a rule that verifies chains with this lenience
-    and gamma policy (`acceptance.RULES`)."""
-    if acceptance_name not in acceptance.RULES:
-        raise ValueError(f"acceptance must be one of {acceptance.names()}, got {acceptance_name!r}")
-    support = acceptance.RULES[acceptance_name].chains
-    if support is None:
-        raise ValueError(
-            f"acceptance {acceptance_name!r} verifies token trees only (give a tree); chains are "
-            f"verified by {acceptance.names(False)}"
-        )
-    if lenience != 1.0 and not support.lenient:
-        raise ValueError(
-            f"lenience {lenience} is defined for {acceptance.names(False, lenient=True)} only; "
-            f"acceptance {acceptance_name!r} is exact (lenience 1)"
-        )
-    if gamma_policy.adaptive and not support.adaptive:
-        raise ValueError(
-            f"acceptance {acceptance_name!r} verifies full chains only (a fixed gamma policy); "
-            f"adaptive policies need one of {acceptance.names(False, adaptive=True)}"
-        )
+__all__ = ["DecodeConfig", "GammaPolicy"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +35,8 @@ class DecodeConfig:
     acceptance: the rule that keeps draft tokens, a name in `decoding.acceptance.RULES`: 'token'
       (the paper's, the default), 'block' (block verification, chains) or 'traversal' (traversal
       verification, trees); the last two are exact, so lenience 1.
-      What each rule supports (chains, trees, lenience, adaptive lengths) is checked here.
+      What each rule supports (chains, trees, lenience, adaptive lengths) is checked by the
+      `SpeculationSpec` these settings make (`spec`; `from_spec` makes a DecodeConfig of one).
     tree: a `decoding.tree.TreeShape` to propose a token tree each round instead of a chain
       (verified by a rule that supports trees, 'token' by default: exact, so lenience 1 and a
       fixed gamma policy). gamma is then the tree's depth (set from it when left None).
@@ -152,58 +67,53 @@ class DecodeConfig:
             raise ValueError(
                 f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}"
             )
-        if not _is_int(self.max_decode_len) or self.max_decode_len < 1:
+        if not is_int(self.max_decode_len) or self.max_decode_len < 1:
             raise ValueError(f"max_decode_len must be an integer >= 1, got {self.max_decode_len!r}")
         object.__setattr__(self, "max_decode_len", int(self.max_decode_len))
-        if self.tree is not None:
-            self._check_tree()
+        spec = SpeculationSpec(
+            self.gamma, self.tree, self.gamma_policy, self.lenience, self.acceptance
+        )  # every speculation setting is checked there
+        for name in ("gamma", "tree", "lenience"):  # as the spec reads them: ints, a TreeShape
+            object.__setattr__(self, name, getattr(spec, name))
+        spec.check_sampling(self.sampling)
+        object.__setattr__(self, "_spec", spec)
         if self.count_ranks is not False and (self.count_ranks is not True or self.tree is None):
             raise ValueError(
                 f"count_ranks counts a tree's sibling ranks: False, or True with a tree; got "
                 f"{self.count_ranks!r} with tree {self.tree!r}"
             )
-        if self.gamma is not None:
-            if not _is_int(self.gamma) or self.gamma < 1:
-                raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
-            object.__setattr__(self, "gamma", int(self.gamma))
-        if isinstance(self.lenience, bool) or not 0.0 < float(self.lenience) <= 1.0:
-            raise ValueError(f"lenience must be in (0, 1], got {self.lenience!r}")
-        object.__setattr__(self, "lenience", float(self.lenience))
-        if not isinstance(self.gamma_policy, GammaPolicy):
-            raise ValueError(f"gamma_policy must be a GammaPolicy, got {self.gamma_policy!r}")
-        if self.tree is None:  # a tree's settings were checked by _check_tree
-            check_chain_settings(self.acceptance, self.lenience, self.gamma_policy)
-        support = acceptance.rule(self.acceptance).support(self.tree is not None)
-        if not (support.greedy if self.sampling.greedy else support.sampled):
-            raise ValueError(
-                f"acceptance {self.acceptance!r} does not verify at temperature "
-                f"{self.sampling.temperature}"
-            )
 
-    def _check_tree(self) -> None:
-        tree = TreeShape.parse(self.tree)
-        object.__setattr__(self, "tree", tree)
-        if self.gamma is None:
-            object.__setattr__(self, "gamma", tree.depth)
-        elif self.gamma != tree.depth:
-            raise ValueError(
-                f"gamma {self.gamma!r} differs from the depth of {tree.describe()} ({tree.depth}); "
-                f"leave gamma unset with a tree"
-            )
-        check_tree_settings(self.acceptance, self.lenience, self.gamma_policy)
+    @classmethod
+    def from_spec(
+        cls,
+        spec: SpeculationSpec,
+        max_decode_len: int,
+        stop_ids: int | tuple[int, ...],
+        sampling: SamplingConfig = SamplingConfig(),
+        count_ranks: bool = False,
+    ) -> DecodeConfig:
+        """The DecodeConfig of a speculative decode with `spec`'s settings."""
+        return cls(
+            max_decode_len, stop_ids, sampling, spec.gamma, spec.lenience, spec.gamma_policy,
+            spec.acceptance, spec.tree, count_ranks,
+        )  # fmt: skip
+
+    @property
+    def spec(self) -> SpeculationSpec | None:
+        """The speculation settings (checked once, when this was made); None for plain decoding
+        (gamma unset)."""
+        return None if self.gamma is None else self._spec
 
     @property
     def exact(self) -> bool:
         """Whether outputs follow the target's distribution (no lenience)."""
-        return self.lenience == 1.0
+        return self._spec.exact
 
     @property
     def block(self) -> int:
         """Tokens fed to the target per call: gamma + 1 for a chain, the tree's nodes + 1 for a
         tree, 1 plain."""
-        if self.tree is not None:
-            return self.tree.size + 1
-        return 1 if self.gamma is None else self.gamma + 1
+        return self._spec.block
 
     def cache_length(self, model: LanguageModel, batch: dict[str, jax.Array]) -> int:
         """The static cache length `model` needs for this decode of `batch`."""

@@ -23,8 +23,8 @@ from speculative.config import configurables  # noqa: F401
 from speculative.data import seqio_inputs  # noqa: F401
 from speculative.decoding import GammaPolicy
 from speculative.decoding import acceptance as acceptance_rules
-from speculative.decoding.config import check_tree_settings
 from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.spec import SpecError, SpeculationSpec
 from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.loading import specs as model_loading  # noqa: F401
@@ -247,14 +247,10 @@ class Variant:
     temperatures: Sequence[float] | None = None
 
 
-def check_lenience(lenience: Any, greedy: bool = False) -> None:
-    """Raises JobError unless 0 < lenience <= 1; warns that l < 1 is lossy, or, for a greedy job
-    (temperature 0), that it is ignored: greedy verification accepts a draft token exactly when it
-    is the target's arg-max, whatever l is, so the output stays exact."""
-    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)):
-        raise JobError(f"lenience must be a number in (0, 1], got {lenience!r}")
-    if not 0 < lenience <= 1:
-        raise JobError(f"lenience must be in (0, 1], got {lenience!r}")
+def note_lenience(lenience: float, greedy: bool = False) -> None:
+    """Warns that l < 1 is lossy, or, for a greedy job (temperature 0), that it is ignored: greedy
+    verification accepts a draft token exactly when it is the target's arg-max, whatever l is, so
+    the output stays exact. (`speculation_spec` has checked that 0 < l <= 1.)"""
     if lenience < 1 and greedy:
         log.info(
             f"note: lenience {lenience} is ignored at temperature 0 (greedy verification keeps a "
@@ -267,41 +263,60 @@ def check_lenience(lenience: Any, greedy: bool = False) -> None:
         )
 
 
+def speculation_spec(
+    gamma: int | None,
+    tree: Any,
+    gamma_policy: Any,
+    lenience: Any,
+    acceptance: Any,
+    sampling: SamplingConfig | None = None,
+) -> SpeculationSpec:
+    """The `SpeculationSpec` of GAMMA (None: a tree's depth, or not chosen yet), TREE,
+    GAMMA_POLICY, LENIENCE and ACCEPTANCE (and, given, its check of the job's sampling), or a
+    one-line JobError naming the gin setting it refuses. The spec does every check (the one place,
+    as DecodeConfig's); this only words its refusal as the job's."""
+    try:
+        spec = SpeculationSpec(gamma, tree, gamma_policy, lenience, acceptance)
+        if sampling is not None:
+            spec.check_sampling(sampling)
+        return spec
+    except SpecError as e:
+        raise JobError(_in_job_words(e, acceptance, lenience, gamma_policy)) from None
+
+
+# How the jobs word each `SpecError.setting` (`_in_job_words`); gamma and lenience: the spec's
+# own words, which name them.
+_JOB_WORDS = {
+    "tree": "TREE: {e}",
+    "tree_rule": "TREE is verified by the exact tree rule: it needs ACCEPTANCE in {tree_rules}, "
+    "LENIENCE 1 and the fixed GAMMA_POLICY, got {acceptance!r}, {lenience}, {gamma_policy}",
+    "acceptance": "ACCEPTANCE must be one of {rules}, got {acceptance!r}",
+    "chain_rule": "ACCEPTANCE {acceptance!r} verifies token trees only: set TREE, or use one of "
+    "{chain_rules} for chains",
+    "lenient": "ACCEPTANCE {acceptance!r} is exact only; LENIENCE {lenience} needs {lenient_rules}",
+    "gamma_policy": "GAMMA_POLICY must be a @decoding.GammaPolicy(), got {gamma_policy!r}",
+    "adaptive": "GAMMA_POLICY: {e}",
+    "sampling": "ACCEPTANCE: {e}",
+}
+
+
+def _in_job_words(e: SpecError, acceptance: Any, lenience: Any, gamma_policy: Any) -> str:
+    """A SpecError as the jobs say it: with the gin names of the settings refused."""
+    names = acceptance_rules.names
+    return _JOB_WORDS.get(e.setting, "{e}").format(
+        e=e, acceptance=acceptance, lenience=lenience, gamma_policy=gamma_policy, rules=names(),
+        tree_rules=names(True), chain_rules=names(False), lenient_rules=names(False, lenient=True),
+    )  # fmt: skip
+
+
 def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> TreeShape | None:
-    """The TreeShape TREE names (None: chains), or a JobError saying why it cannot be used: the
-    shape as `TreeShape.parse` reads it, the other settings by `decoding.config`'s tree rule (the
-    one DecodeConfig applies), in the job's words."""
-    if tree is None:
-        chain_rules = acceptance_rules.names(False)
-        if acceptance in acceptance_rules.names(True) and acceptance not in chain_rules:
-            raise JobError(
-                f"ACCEPTANCE {acceptance!r} verifies token trees only: set TREE, or use one of "
-                f"{chain_rules} for chains"
-            )
-        return None
-    try:
-        shape = TreeShape.parse(tree)
-    except ValueError as e:
-        raise JobError(f"TREE: {e}") from None
-    try:
-        check_tree_settings(acceptance, lenience, gamma_policy)  # DecodeConfig's own rule
-    except ValueError:
-        raise JobError(
-            f"TREE is verified by the exact tree rule: it needs ACCEPTANCE in "
-            f"{acceptance_rules.names(True)}, LENIENCE 1 and the fixed GAMMA_POLICY, got "
-            f"{acceptance!r}, {lenience}, {gamma_policy}"
-        ) from None
-    return shape
+    """The TreeShape TREE names (None: chains), or the JobError `speculation_spec` words."""
+    return speculation_spec(None, tree, gamma_policy, lenience, acceptance).tree
 
 
 def check_acceptance(acceptance: Any, lenience: Any) -> None:
-    """Raises JobError unless ACCEPTANCE names a rule (`decoding.acceptance.RULES`) that can take
-    LENIENCE (l < 1 only where the rule supports lenience)."""
-    names = acceptance_rules.names()
-    if acceptance not in names:
-        raise JobError(f"ACCEPTANCE must be one of {names}, got {acceptance!r}")
-    lenient = acceptance_rules.names(False, lenient=True)
-    if acceptance not in lenient and lenience != 1:
-        raise JobError(
-            f"ACCEPTANCE {acceptance!r} is exact only; LENIENCE {lenience} needs {lenient}"
-        )
+    """Raises the JobError `speculation_spec` words unless ACCEPTANCE names a rule
+    (`decoding.acceptance.RULES`) that can take LENIENCE (for chains; a rule for trees alone on
+    a tree, where lenience must be 1)."""
+    tree_only = acceptance in set(acceptance_rules.names(True)) - set(acceptance_rules.names(False))
+    speculation_spec(None, (1,) if tree_only else None, GammaPolicy(), lenience, acceptance)

@@ -123,26 +123,22 @@ def decode_arguments(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The decode's keyword arguments from `Pair.generate`'s: (those of every decode, those of
     speculative decoding alone). Each is refused as the jobs refuse it (`job_config`'s checks,
-    their messages), then by `DecodeConfig`'s own rule (a gamma given with a tree must be its
-    depth). Left unset, gamma is the tree's depth, or `job_config.DEFAULT_GAMMA` for a chain."""
+    their messages; the speculation settings by `job_config.speculation_spec`: a gamma given with
+    a tree must be its depth). Left unset, gamma is the tree's depth, or
+    `job_config.DEFAULT_GAMMA` for a chain."""
     job_config.check_count("max_new_tokens", max_new_tokens)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise JobError(f"seed must be an integer, got {seed!r}")
     sampling = job_config.check_sampling(temperature, top_k, top_p)
     if gamma is not None:
         job_config.check_gamma(gamma, auto=False)
-    job_config.check_acceptance(acceptance, 1.0)
-    shape = job_config.check_tree(tree, acceptance, 1.0, decoding.GammaPolicy())
-    if shape is None and gamma is None:
+    if tree is None and gamma is None:
         gamma = job_config.DEFAULT_GAMMA
-    try:
-        config = decoding.DecodeConfig(
-            max_new_tokens, stops, sampling, gamma, acceptance=acceptance, tree=shape
-        )
-    except ValueError as e:
-        raise JobError(str(e)) from None
+    spec = job_config.speculation_spec(
+        gamma, tree, decoding.GammaPolicy(), 1.0, acceptance, sampling
+    )  # the jobs' one check of the speculation settings, in their words
     every = {"max_decode_len": max_new_tokens, "eos_id": stops, "sampling": sampling}
-    speculative = {"gamma": config.gamma, "tree": shape, "acceptance": acceptance}
+    speculative = {"gamma": spec.gamma, "tree": spec.tree, "acceptance": spec.acceptance}
     return {**every, "rng": jax.random.PRNGKey(seed)}, speculative
 
 

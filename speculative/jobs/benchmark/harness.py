@@ -114,10 +114,10 @@ def cell_programs(
     for v in variants:
         draft = drafts[s.sweep.draft_of[v.name]]
         for gamma in v.gammas:
-            config = dataclasses.replace(
-                plain, gamma=gamma, lenience=float(v.lenience), gamma_policy=v.gamma_policy,
-                acceptance=v.acceptance, tree=v.tree,
-            )  # fmt: skip
+            spec = s.sweep.specs[(v.name, gamma)]
+            config = decoding.DecodeConfig.from_spec(
+                spec, s.inputs.max_decode_len, setup.stop_ids, sampling
+            )
             try:
                 programs[(v.name, gamma)] = runner.Decoder(
                     target.model, target.params, config, draft.model, draft.params, partitioner

@@ -37,8 +37,9 @@ def validate(cfg: BenchmarkConfig) -> None:
     if cfg.draft_vocabulary is not None:
         slot = SLOT + "draft_vocabulary"
         ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary", slot)
-    job_config.check_lenience(cfg.lenience)
-    job_config.check_acceptance(cfg.acceptance, cfg.lenience)
+    # the default variant's settings (checked with VARIANTS too, as ever)
+    job_config.speculation_spec(None, None, decoding.GammaPolicy(), cfg.lenience, cfg.acceptance)
+    job_config.note_lenience(cfg.lenience)
     for name in ("gammas", "batch_sizes"):
         values = list(getattr(cfg, name))
         if not values or any(not isinstance(v, int) or v < 1 for v in values):
@@ -76,14 +77,8 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
         if v.draft is not None:
             slot = f"speculative.Variant.draft (variant {v.name!r})"
             ml.validate_model_spec(v.draft, f"variant {v.name!r} draft", slot)
-        try:
-            job_config.check_lenience(v.lenience)
-            job_config.check_acceptance(v.acceptance, v.lenience)
-            job_config.check_tree(v.tree, v.acceptance, v.lenience, v.gamma_policy)
-        except JobError as e:
-            raise JobError(f"variant {v.name!r}: {e}") from None
-        if not isinstance(v.gamma_policy, decoding.GammaPolicy):
-            raise JobError(f"variant {v.name!r}: gamma_policy must be a decoding.GammaPolicy")
+        variant_spec(v)  # its speculation settings, checked once (the spec)
+        job_config.note_lenience(v.lenience)
         gammas = list(v.gammas) if v.gammas is not None else [1]
         if not gammas or any(
             isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gammas
@@ -130,9 +125,21 @@ def variants_of(cfg: BenchmarkConfig) -> list[Variant]:
     return [v for v in filled if any(runs_at(v, t) for t in cfg.temperatures)]
 
 
+def variant_spec(variant: Variant, gamma: int | None = None) -> decoding.SpeculationSpec:
+    """The variant's speculation settings at `gamma` (a tree's is its depth; None: a chain's
+    gamma unset), or a JobError naming the variant and the setting refused."""
+    try:
+        return job_config.speculation_spec(
+            None if variant.tree is not None else gamma, variant.tree, variant.gamma_policy,
+            variant.lenience, variant.acceptance,
+        )  # fmt: skip
+    except JobError as e:
+        raise JobError(f"variant {variant.name!r}: {e}") from None
+
+
 def tree_of(variant: Variant) -> decoding.TreeShape | None:
     """The variant's token tree (None: chains)."""
-    return None if variant.tree is None else decoding.TreeShape.parse(variant.tree)
+    return variant_spec(variant).tree
 
 
 def _gammas(cfg: BenchmarkConfig, variant: Variant) -> tuple[int, ...]:
@@ -190,12 +197,14 @@ class Sweep:
     """What is timed: every batch size and temperature (a cell), each variant running there at
     each of its gammas against the cell's plain baseline. variants: filled in (`variants_of`);
     named: bound through VARIANTS (benchmark.json then names them); gammas: every gamma any
-    variant runs, sorted; draft_of: variant name -> index of its draft in Models.drafts."""
+    variant runs, sorted; draft_of: variant name -> index of its draft in Models.drafts; specs:
+    (variant name, gamma) -> its speculation settings (`variant_spec`), its decodes' source."""
 
     variants: tuple[Variant, ...]
     named: bool
     gammas: tuple[int, ...]
     draft_of: Mapping[str, int]
+    specs: Mapping[tuple[str, int], decoding.SpeculationSpec]
     batch_sizes: tuple[int, ...]
     temperatures: tuple[float, ...]
     top_k: int
@@ -252,6 +261,7 @@ def resolve(cfg: BenchmarkConfig, partitioner: Any = None) -> Settings:
         named=cfg.variants is not None,
         gammas=tuple(sorted({g for v in variants for g in v.gammas})),
         draft_of={v.name: specs.index(v.draft) for v in variants},
+        specs={(v.name, g): variant_spec(v, g) for v in variants for g in v.gammas},
         batch_sizes=tuple(cfg.batch_sizes),
         temperatures=tuple(cfg.temperatures),
         top_k=cfg.top_k,

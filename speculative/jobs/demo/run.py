@@ -283,12 +283,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
     tree = tuple(int(w) for w in args.tree.split(",")) if args.tree else None
-    config = decoding.DecodeConfig(
-        args.max_decode_len,
-        target.vocabulary.stop_ids,
-        sampling,
-        None if tree else args.gamma,
-        tree=tree,
+    spec = decoding.SpeculationSpec(None if tree else args.gamma, tree)
+    config = decoding.DecodeConfig.from_spec(
+        spec, args.max_decode_len, target.vocabulary.stop_ids, sampling
     )
     log.info(
         f"jax {jax.__version__} on {jax.devices()[0].platform}, {dtype}, batch {args.batch_size}, "

@@ -39,11 +39,11 @@ def validate(cfg: InferConfig) -> None:
         if cfg.draft_vocabulary is not None:
             slot = SLOT + "draft_vocabulary"
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary", slot)
-    check_gamma(cfg)
-    job_config.check_lenience(cfg.lenience, greedy=cfg.sampling.greedy)
-    job_config.check_acceptance(cfg.acceptance, cfg.lenience)
-    if cfg.speculative:
-        check_tree(cfg)
+    job_config.check_gamma(cfg.gamma)
+    spec = spec_of(cfg)  # every speculation setting, checked once (the spec), in the job's words
+    job_config.note_lenience(cfg.lenience, greedy=cfg.sampling.greedy)
+    if spec is not None:
+        check_planning(cfg, spec)
     job_config.check_count("batch_size", cfg.batch_size)
     lengths = dict(cfg.feature_lengths)
     if set(lengths) != {"inputs", "targets"} or min(lengths.values()) < 1:
@@ -63,51 +63,53 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_gamma(cfg: InferConfig) -> None:
-    """Raises JobError unless GAMMA is an int >= 1 or 'auto' (with sane planner settings) and
-    GAMMA_POLICY is a GammaPolicy. 'auto' with SPECULATIVE = False is ignored: plain decoding
-    was asked for, so there is nothing to plan."""
-    job_config.check_gamma(cfg.gamma)
-    if not isinstance(cfg.gamma_policy, decoding.GammaPolicy):
-        raise JobError(f"GAMMA_POLICY must be a @decoding.GammaPolicy(), got {cfg.gamma_policy!r}")
-    if cfg.gamma != "auto" or not cfg.speculative:
-        return
-    if cfg.gamma_policy.kind != "fixed":  # the planner's cost model drafts gamma every round
-        raise JobError(
-            f"GAMMA = 'auto' plans a fixed gamma; it cannot plan for GAMMA_POLICY kind "
-            f"{cfg.gamma_policy.kind!r}: bind an integer GAMMA with an adaptive policy"
-        )
-    gammas = cfg.planner_gammas
-    if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
-        raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
-    job_config.check_count("planner_warmup_gamma", cfg.planner_warmup_gamma)
-    if cfg.multi_host:  # every host would have to time the models and agree on one choice
-        raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
+def spec_of(cfg: InferConfig) -> decoding.SpeculationSpec | None:
+    """The speculation settings (None: plain decoding), or a JobError naming the gin setting that
+    cannot be used (`job_config.speculation_spec`). While GAMMA = 'auto' is planned its gamma is
+    None, and its tree too while TREE = 'auto' is (the trees it may choose are checked here)."""
+    if not cfg.speculative:  # unused; refused as ever if they could not run
+        job_config.check_acceptance(cfg.acceptance, cfg.lenience)
+        return None
+    settings = (cfg.gamma_policy, cfg.lenience, cfg.acceptance, cfg.sampling)
+    if cfg.tree == "auto":
+        job_config.speculation_spec(None, (1,), *settings)
+    tree = None if cfg.tree == "auto" else cfg.tree
+    gamma = None if cfg.gamma == "auto" or tree is not None else cfg.gamma
+    return job_config.speculation_spec(gamma, tree, *settings)
 
 
-def check_tree(cfg: InferConfig) -> None:
-    """Raises JobError for a TREE the job cannot use; says that the tree's depth is the gamma.
-    TREE = 'auto' widens GAMMA = 'auto' to trees, so it needs GAMMA = 'auto'."""
+def check_planning(cfg: InferConfig, spec: decoding.SpeculationSpec) -> None:
+    """Raises JobError for GAMMA = 'auto' without sane planner settings, or TREE = 'auto' without
+    GAMMA = 'auto', or a fixed TREE with it; says that a fixed tree's depth is the gamma."""
+    if cfg.gamma == "auto":
+        if cfg.gamma_policy.kind != "fixed":  # the planner's cost model drafts gamma every round
+            raise JobError(
+                f"GAMMA = 'auto' plans a fixed gamma; it cannot plan for GAMMA_POLICY kind "
+                f"{cfg.gamma_policy.kind!r}: bind an integer GAMMA with an adaptive policy"
+            )
+        gammas = cfg.planner_gammas
+        if isinstance(gammas, (str, bytes)) or not gammas or not all(map(_is_count, gammas)):
+            raise JobError(f"planner_gammas must be integers >= 1, got {gammas!r}")
+        job_config.check_count("planner_warmup_gamma", cfg.planner_warmup_gamma)
+        if cfg.multi_host:  # every host would have to time the models and agree on one choice
+            raise JobError("GAMMA = 'auto' needs one host; bind an integer GAMMA with DISTRIBUTED")
     if cfg.tree == "auto":
         if cfg.gamma != "auto":
             raise JobError(
                 f"TREE = 'auto' plans chains and trees with GAMMA = 'auto' (planner_gammas are "
                 f"the depths it scores); bind GAMMA = 'auto', got GAMMA {cfg.gamma!r}"
             )
-        job_config.check_tree((1,), cfg.acceptance, cfg.lenience, cfg.gamma_policy)
-        return
-    tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
-    if tree is None:
-        return
-    if cfg.gamma == "auto":
-        raise JobError(
-            "GAMMA = 'auto' plans chains (with TREE = 'auto', chains and trees); bind an integer "
-            "GAMMA (or none) with a fixed TREE"
-        )
-    if cfg.gamma != tree.depth:
-        log.info(
-            f"TREE: {tree.describe()} proposes up to {tree.depth} tokens a round (GAMMA unused)"
-        )
+    elif spec.tree is not None:
+        if cfg.gamma == "auto":
+            raise JobError(
+                "GAMMA = 'auto' plans chains (with TREE = 'auto', chains and trees); bind an "
+                "integer GAMMA (or none) with a fixed TREE"
+            )
+        if cfg.gamma != spec.gamma:
+            log.info(
+                f"TREE: {spec.tree.describe()} proposes up to {spec.gamma} tokens a round "
+                f"(GAMMA unused)"
+            )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,22 +160,20 @@ class Planning:
 
 @dataclasses.dataclass(frozen=True)
 class Speculation:
-    """The draft and how it is used. gamma: an int, or 'auto' until the planner has chosen (then
-    `planning` is set). separate_model: the draft is a model of its own (a ModelSpec)."""
+    """The draft and how it is used. spec: the speculation settings (`decoding.SpeculationSpec`:
+    gamma or tree, gamma policy, lenience, acceptance rule); its gamma is None until the planner
+    has chosen (GAMMA = 'auto': then `planning` is set). separate_model: the draft is a model of
+    its own (a ModelSpec)."""
 
     draft: Any
     draft_vocabulary: ml.VocabSpec | None
-    gamma: int | str
-    gamma_policy: decoding.GammaPolicy
-    lenience: float
-    acceptance: str
+    spec: decoding.SpeculationSpec
     separate_model: bool
     planning: Planning | None = None
-    tree: decoding.TreeShape | None = None
 
     @property
     def planned(self) -> bool:
-        return self.gamma == "auto"
+        return self.spec.gamma is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,8 +208,14 @@ class Settings:
         return self.speculation is not None and self.speculation.planned
 
     @property
+    def spec(self) -> decoding.SpeculationSpec:
+        """The speculation settings; plain decoding's are the defaults (gamma None)."""
+        return decoding.SpeculationSpec() if self.speculation is None else self.speculation.spec
+
+    @property
     def gamma(self) -> int | str | None:
-        return None if self.speculation is None else self.speculation.gamma
+        """gamma: 'auto' while planned, None for plain decoding."""
+        return None if self.speculation is None else "auto" if self.planned else self.spec.gamma
 
     @property
     def draft(self) -> Any:
@@ -223,7 +229,7 @@ class Settings:
     @property
     def lenience(self) -> float:
         """The acceptance rule's l: 1 (exact) for plain decoding."""
-        return 1.0 if self.speculation is None else self.speculation.lenience
+        return self.spec.lenience
 
     @property
     def exact(self) -> bool:
@@ -232,12 +238,12 @@ class Settings:
     @property
     def acceptance(self) -> str:
         """The acceptance rule ('token' for plain decoding, which verifies nothing)."""
-        return "token" if self.speculation is None else self.speculation.acceptance
+        return self.spec.acceptance
 
     @property
     def tree(self) -> decoding.TreeShape | None:
         """The token tree proposed each round (None: chains, or plain decoding)."""
-        return None if self.speculation is None else self.speculation.tree
+        return self.spec.tree
 
     def with_plan(self, plan: planner.Plan) -> Settings:
         """The settings that decode: the planned gamma, or tree (its depth the gamma), or plain
@@ -245,46 +251,33 @@ class Settings:
         if plan.gamma is None:
             return dataclasses.replace(self, speculation=None)
         tree = None if plan.tree is None else decoding.TreeShape(plan.tree)
+        spec = dataclasses.replace(self.spec, gamma=plan.gamma, tree=tree)
         return dataclasses.replace(
-            self, speculation=dataclasses.replace(self.speculation, gamma=plan.gamma, tree=tree)
+            self, speculation=dataclasses.replace(self.speculation, spec=spec)
         )
 
     def decode_config(self, vocabulary: vocab.Vocabulary) -> decoding.DecodeConfig:
         """The DecodeConfig of these settings (gamma None while planned: the planner sets it)."""
-        gamma = self.gamma
-        return decoding.DecodeConfig(
-            max_decode_len=self.inputs.max_decode_len,
-            stop_ids=vocab.stop_ids(vocabulary),
-            sampling=self.run.sampling,
-            gamma=None if gamma == "auto" else gamma,
-            lenience=self.lenience,
-            acceptance=self.acceptance,
-            tree=self.tree,
-            gamma_policy=self.speculation.gamma_policy
-            if self.speculative
-            else decoding.GammaPolicy(),
+        stop_ids = vocab.stop_ids(vocabulary)
+        return decoding.DecodeConfig.from_spec(
+            self.spec, self.inputs.max_decode_len, stop_ids, self.run.sampling
         )
 
 
 def _speculation(cfg: InferConfig) -> Speculation | None:
-    if not cfg.speculative:
+    spec = spec_of(cfg)
+    if spec is None:
         return None
     planning = None
     if cfg.gamma == "auto":
         gammas = tuple(int(g) for g in cfg.planner_gammas)
         planning = Planning(gammas, cfg.planner_warmup_gamma, trees=cfg.tree == "auto")
-    tree = None
-    if cfg.tree != "auto":  # 'auto': None until planned
-        tree = job_config.check_tree(cfg.tree, cfg.acceptance, cfg.lenience, cfg.gamma_policy)
+    if cfg.sampling.greedy:  # greedy verification ignores l (note_lenience said so): exact rows
+        spec = dataclasses.replace(spec, lenience=1.0)
     return Speculation(
         draft=cfg.draft,
         draft_vocabulary=cfg.draft_vocabulary,
-        gamma=cfg.gamma if tree is None else tree.depth,
-        tree=tree,
-        gamma_policy=cfg.gamma_policy,
-        # Greedy verification ignores l (check_lenience said so): the rows are exact.
-        lenience=1.0 if cfg.sampling.greedy else float(cfg.lenience),
-        acceptance=cfg.acceptance,
+        spec=spec,
         separate_model=common.is_separate_model(cfg.draft),
         planning=planning,
     )
@@ -316,19 +309,18 @@ def describe(s: Settings) -> dict[str, Any]:
 
 
 def policy_fields(s: Settings) -> dict[str, Any] | None:
-    return dataclasses.asdict(s.speculation.gamma_policy) if s.speculative else None
+    return dataclasses.asdict(s.spec.gamma_policy) if s.speculative else None
 
 
 def fingerprint(s: Settings, examples: Sequence[Example]) -> dict[str, Any]:
     """What determines every row's result: a restart must match it to resume."""
-    spec = s.speculation
     return {
         **describe(s),
         # only when lossy, so exact runs resume in output dirs written before lenience existed
-        **({"lenience": spec.lenience} if not s.exact else {}),
+        **({"lenience": s.lenience} if not s.exact else {}),
         # likewise only when adaptive or planned: older output dirs keep resuming
-        **({"gamma_policy": policy_fields(s)} if spec and spec.gamma_policy.adaptive else {}),
-        **(spec.planning.to_json() if s.planned else {}),
+        **({"gamma_policy": policy_fields(s)} if s.spec.gamma_policy.adaptive else {}),
+        **(s.speculation.planning.to_json() if s.planned else {}),
         "sampling": dataclasses.asdict(s.run.sampling),
         "batch_size": s.run.batch_size,
         "feature_lengths": dict(s.inputs.feature_lengths),
