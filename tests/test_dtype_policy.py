@@ -25,9 +25,10 @@ def test_model_spec_dtype_sets_weights_activations_and_cache(dtype):
     assert loaded.model.config.dtype == dtype
     assert {x.dtype for x in jax.tree.leaves(loaded.params)} == {jnp.dtype(dtype)}
     batch = helpers.ragged_prompts(0, batch=2, width=4, vocab=64)
-    state = loaded.model.init_state(loaded.params, batch, 16)
+    # jitted, as the decode loops run them: two programs instead of ~100 eagerly compiled ops
+    state = jax.jit(lambda p, b: loaded.model.init_state(p, b, 16))(loaded.params, batch)
     assert state.cache["layers_0"]["key"].dtype == jnp.dtype(dtype)
-    logits, _ = loaded.model.extend(loaded.params, state, batch["prompt"])
+    logits, _ = jax.jit(loaded.model.extend)(loaded.params, state, batch["prompt"])
     assert logits.dtype == jnp.float32
     out = decoding.speculative_decode(
         loaded.model, loaded.params, loaded.model, loaded.params, batch, gamma=2,
