@@ -4,9 +4,10 @@
     .venv/bin/python scripts/job_snapshot.py /tmp/after --compare /tmp/before
 
 Runs the infer job (configs/demo/tiny_random_models.gin, 6 prompts, batch 2, gamma 3) greedy and
-sampled, plain and speculative, with every draft kind, gamma policy, a shortlist head and lenience,
-and a small benchmark sweep; writes each case's predictions.jsonl under OUT/<case>/ and the key
-paths of benchmark.json to OUT/bench_keys.txt. With --compare, each predictions.jsonl must be
+sampled, plain and speculative, with every draft kind the tiny pair can run (model, shortlist head,
+n-gram tables, prompt lookup, layer skip, staged), every gamma policy, lenience, the block and
+traversal rules and a token tree, and a small benchmark sweep; writes each case's
+predictions.jsonl under OUT/<case>/ and the key paths of benchmark.json to OUT/bench_keys.txt. With --compare, each predictions.jsonl must be
 byte-identical to the reference's and the benchmark keys equal; exit 1 names what differs.
 Takes about 3 minutes on 2 cores.
 """
@@ -51,6 +52,11 @@ def cases(tables: pathlib.Path) -> dict[str, list[str]]:
         "bigram_sampled": ["--gin_file=configs/drafts/bigram.gin", *ngram, *SAMPLED],
         "layer_skip": ["--gin_file=configs/drafts/layer_skip.gin", *SAMPLED],
         "layer_skip_greedy": ["--gin_file=configs/drafts/layer_skip.gin"],
+        "staged_sampled": ["--gin.draft/speculative.ModelSpec.staged_lookahead=2", *SAMPLED],
+        "block_sampled": ["--gin.ACCEPTANCE='block'", *SAMPLED],
+        "tree_greedy": ["--gin.TREE=(2, 1, 1)"],
+        "tree_sampled": ["--gin.TREE=(2, 1, 1)", *SAMPLED],
+        "traversal_sampled": ["--gin.TREE=(2, 1, 1)", "--gin.ACCEPTANCE='traversal'", *SAMPLED],
     }
 
 
