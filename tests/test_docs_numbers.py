@@ -327,6 +327,20 @@ _R11 = "trained feature head"
 _R12 = "prompt-lookup tree"
 _R13 = "against Hugging Face"
 _R14 = "batch curve"
+_R15 = "draft with another tokenizer, bfloat16"
+X41 = "benchmarks/issue41_cross_vocab_20/benchmark.json"
+
+
+def cross_point(temperature: float, gamma: int) -> Callable[[Any], dict[str, Any]]:
+    """The cross-vocabulary draft's point at (temperature, gamma) of X41 (two gammas, one name)."""
+    return lambda d: next(
+        p
+        for c in d["cells"]
+        if c["temperature"] == temperature
+        for p in c["points"]
+        if p["variant"].startswith("smollm2") and p["gamma"] == gamma
+    )
+
 
 CURRENT_FIGURES = [
     _current(_R1, SET, "10 prompts", I39, "num_examples", "{} prompts"),
@@ -521,6 +535,31 @@ CURRENT_FIGURES = [
     _current(_R14, S, "1.50x (batch 1)", BATCH, lambda d: best_speedup(d, 1), "{:.2f}x (batch 1)"),
     _current(_R14, S, "0.97x (batch 8)", BATCH, lambda d: best_speedup(d, 8), "{:.2f}x (batch 8)"),
     _current(_R14, S, "0.78x (16)", BATCH, lambda d: best_speedup(d, 16), "{:.2f}x (16)"),
+    _current(
+        _R15,
+        A,
+        "0.568 / 0.490",
+        X41,
+        lambda d: (cross_point(0.0, 2)(d)["alpha"], cross_point(1.0, 1)(d)["alpha"]),
+        "{:.3f} / {:.3f}",
+    ),
+    _current(
+        _R15,
+        T,
+        "1.85 / 1.49",
+        X41,
+        lambda d: (cross_point(0.0, 2)(d)["tau"], cross_point(1.0, 1)(d)["tau"]),
+        "{:.2f} / {:.2f}",
+    ),
+    *(
+        _current(_R15, S, text, X41, lambda d, t=t, g=g, k=k: cross_point(t, g)(d)[k], fmt)
+        for text, t, g, k, fmt in [
+            ("**1.13x**", 0.0, 2, "speedup", "**{:.2f}x**"),
+            ("(1.14x)", 0.0, 2, "decode_speedup", "({:.2f}x)"),
+            ("**1.10x**", 1.0, 1, "speedup", "**{:.2f}x**"),
+            ("(1.09x)", 1.0, 1, "decode_speedup", "({:.2f}x)"),
+        ]
+    ),
     # The sentences around the table.
     Figure(
         BENCH,
@@ -551,7 +590,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 25 runs",
+        "the 26 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
