@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -270,13 +271,19 @@ def make_train_step(
     return step
 
 
+@functools.partial(jax.jit, static_argnames="model")
+def _evaluate(params: Any, batch: dict[str, jax.Array], model: Any) -> tuple[jax.Array, jax.Array]:
+    """(mean loss, target tokens) of one batch; module-level so every evaluation of a run, and
+    every run of the same model, reuses one compiled program."""
+    return loss_fn(params, model, batch), jnp.sum(batch["targets"] != PAD)
+
+
 def validation_loss(params: Any, model: Any, examples: Examples, batch_size: int) -> float:
     """Token-weighted mean cross-entropy over every validation example."""
-    evaluate = jax.jit(lambda p, b: (loss_fn(p, model, b), jnp.sum(b["targets"] != PAD)))
     total, tokens = 0.0, 0
     for start in range(0, len(examples.inputs), batch_size):
         indices = np.arange(start, min(start + batch_size, len(examples.inputs)))
-        loss, count = evaluate(params, make_batch(examples, indices))
+        loss, count = _evaluate(params, make_batch(examples, indices), model)
         total += float(loss) * int(count)
         tokens += int(count)
     return total / max(tokens, 1)
