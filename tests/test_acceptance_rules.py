@@ -58,10 +58,11 @@ def test_config_and_jobs_ask_the_registry(monkeypatch):
         decoding.DecodeConfig(8, (1,), T1, gamma=2, acceptance="nope")
     job_config.check_acceptance("sampled_only", 1.0)
     policy = decoding.GammaPolicy()
-    assert job_config.check_tree(None, "sampled_only", 1.0, policy) is None
+    assert job_config.speculation_spec(None, None, policy, 1.0, "sampled_only").tree is None
     with pytest.raises(JobError, match=r"'traversal' verifies token trees only: set TREE"):
-        job_config.check_tree(None, "traversal", 1.0, policy)
-    assert job_config.check_tree((2, 1), "traversal", 1.0, policy) == TreeShape((0, 0, 1))
+        job_config.speculation_spec(None, None, policy, 1.0, "traversal")
+    spec = job_config.speculation_spec(None, (2, 1), policy, 1.0, "traversal")
+    assert spec.tree == TreeShape((0, 0, 1))
     with pytest.raises(JobError, match=r"LENIENCE 0.5 needs \('token',\)"):
         job_config.check_acceptance("sampled_only", 0.5)
     with pytest.raises(ValueError, match="verifies token trees only"):

@@ -74,7 +74,7 @@ def test_tree_settings_that_cannot_be_exact_are_refused():
 
 
 def test_the_job_refuses_exactly_the_tree_settings_decode_config_refuses():
-    """TREE's job check (job_config.check_tree) applies DecodeConfig's one rule, in its words."""
+    """TREE's job check (job_config.speculation_spec) applies DecodeConfig's one rule, in its words."""
     tree = TreeShape.from_widths((2, 1))
     policies = [decoding.GammaPolicy(), decoding.GammaPolicy("confidence")]
     policies += [decoding.GammaPolicy("schedule", initial=2)]
@@ -88,7 +88,8 @@ def test_the_job_refuses_exactly_the_tree_settings_decode_config_refuses():
                 except ValueError:
                     refused = True
                 try:
-                    assert job_config.check_tree((2, 1), name, lenience, policy) == tree
+                    spec = job_config.speculation_spec(None, (2, 1), policy, lenience, name)
+                    assert spec.tree == tree
                 except JobError as e:
                     assert refused and str(e).startswith("TREE is verified by the exact tree rule")
                 else:

@@ -25,7 +25,6 @@ from speculative.decoding import GammaPolicy
 from speculative.decoding import acceptance as acceptance_rules
 from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.spec import SpecError, SpeculationSpec
-from speculative.decoding.tree import TreeShape
 from speculative.errors import JobError
 from speculative.loading import specs as model_loading  # noqa: F401
 from speculative.parallel import (
@@ -307,11 +306,6 @@ def _in_job_words(e: SpecError, acceptance: Any, lenience: Any, gamma_policy: An
         e=e, acceptance=acceptance, lenience=lenience, gamma_policy=gamma_policy, rules=names(),
         tree_rules=names(True), chain_rules=names(False), lenient_rules=names(False, lenient=True),
     )  # fmt: skip
-
-
-def check_tree(tree: Any, acceptance: str, lenience: Any, gamma_policy: Any) -> TreeShape | None:
-    """The TreeShape TREE names (None: chains), or the JobError `speculation_spec` words."""
-    return speculation_spec(None, tree, gamma_policy, lenience, acceptance).tree
 
 
 def check_acceptance(acceptance: Any, lenience: Any) -> None:
