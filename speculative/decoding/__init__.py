@@ -13,7 +13,8 @@ The package, read in order (docs/design.md §7):
   model_drafter.py  `ModelDrafter` (the paper's draft: a smaller model), `as_drafter`
   loop.py           the whole decode loop: `autoregressive_loop`, `speculative_loop`
   checks.py         host-side validation and the NaN check
-  api.py            the public calls `autoregressive_decode`, `speculative_decode`, and their
+  api.py            the public calls `autoregressive_decode`, `speculative_decode`, `decode` (by a
+                    DecodeConfig already made), and their
                     pieces (`resolve_drafter`, `validate_inputs`, `prepare`) the benchmark reuses
 
 `from speculative import decoding; decoding.speculative_decode(...)` is the entry point; every name
@@ -23,6 +24,7 @@ below is part of the public API.
 from speculative.decoding.api import (
     LoopCall,
     autoregressive_decode,
+    decode,
     place_inputs,
     prepare,
     resolve_drafter,
@@ -58,6 +60,7 @@ __all__ = [
     "autoregressive_loop",
     "check_finite",
     "check_pair",
+    "decode",
     "place_inputs",
     "prefill",
     "prepare",

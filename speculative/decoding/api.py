@@ -1,7 +1,9 @@
 """The public calls: `autoregressive_decode` and `speculative_decode` validate their inputs,
 place them on a mesh (with a partitioner), run the jitted loop and check for NaN logits.
 
-Their pieces are what every caller of the loops uses, so there is one implementation of each
+Both build a `DecodeConfig` and call `decode`, which runs either from a config already made (the
+notebook's `Pair.generate` passes one made of its checked `SpeculationSpec`). Its pieces are what
+every caller of the loops uses, so there is one implementation of each
 (`measure.runner.Decoder` compiles the same call ahead of time and times it):
 `resolve_drafter` (the draft as a `Drafter`, checked against the target and the tree once),
 `validate_inputs` (a batch), `prepare` (a `LoopCall`: the loop, its placed params and static
@@ -53,7 +55,7 @@ def autoregressive_decode(
       DecodeOutput with tokens [B, max_decode_len], lengths [B] and per-row `DecodeStats`.
     """
     config = DecodeConfig(max_decode_len, eos_id, sampling)
-    return _run(model, params, None, None, batch, config, rng, partitioner)
+    return decode(model, params, batch, config, rng=rng, partitioner=partitioner)
 
 
 def speculative_decode(
@@ -102,13 +104,32 @@ def speculative_decode(
         raise ValueError("speculative_decode needs gamma (>= 1) or a tree")
     spec = SpeculationSpec(gamma, tree, gamma_policy, lenience, acceptance)
     config = DecodeConfig.from_spec(spec, max_decode_len, eos_id, sampling)
-    drafter = resolve_drafter(target, draft, config)
-    return _run(target, target_params, drafter, draft_params, batch, config, rng, partitioner)
+    return decode(
+        target, target_params, batch, config, draft=draft, draft_params=draft_params, rng=rng,
+        partitioner=partitioner,
+    )  # fmt: skip
 
 
-def _run(model, params, drafter, draft_params, batch, config, rng, partitioner) -> DecodeOutput:
-    """Validates, places (with a partitioner) and runs the jitted loop: speculative with a
-    drafter, plain with None. Raises on NaN logits after the loop."""
+def decode(
+    model: LanguageModel,
+    params: Any,
+    batch: dict[str, jax.Array],
+    config: DecodeConfig,
+    *,
+    draft: LanguageModel | Drafter | None = None,
+    draft_params: Any = None,
+    rng: jax.Array | None = None,
+    partitioner: Any = None,
+) -> DecodeOutput:
+    """Decodes `batch` by a `DecodeConfig` already made (e.g. `DecodeConfig.from_spec`):
+    speculatively with a draft (the config's speculation settings), plainly without one. What
+    `autoregressive_decode` and `speculative_decode` run after building their config; validates,
+    places (with a partitioner) and runs the jitted loop, and raises on NaN logits after it."""
+    drafter = None
+    if draft is not None:
+        if config.spec is None:
+            raise ValueError("a draft needs a config with gamma or a tree (DecodeConfig.spec)")
+        drafter = resolve_drafter(model, draft, config)
     validate_inputs(model, batch, config, drafter)
     rng = jax.random.PRNGKey(0) if rng is None else rng
     call = prepare(model, params, config, drafter, draft_params, partitioner)

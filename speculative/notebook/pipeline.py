@@ -120,9 +120,9 @@ def decode_arguments(
     top_k: Any,
     top_p: Any,
     seed: Any,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The decode's keyword arguments from `Pair.generate`'s: (those of every decode, those of
-    speculative decoding alone). Each is refused as the jobs refuse it (`job_config`'s checks,
+) -> tuple[decoding.DecodeConfig, decoding.DecodeConfig, jax.Array]:
+    """`Pair.generate`'s arguments as (the plain decode's config, the speculative decode's config,
+    the key), for `decoding.decode`. Each is refused as the jobs refuse it (`job_config`'s checks,
     their messages; the speculation settings by `job_config.speculation_spec`: a gamma given with
     a tree must be its depth). Left unset, gamma is the tree's depth, or
     `job_config.DEFAULT_GAMMA` for a chain."""
@@ -137,9 +137,9 @@ def decode_arguments(
     spec = job_config.speculation_spec(
         gamma, tree, decoding.GammaPolicy(), 1.0, acceptance, sampling
     )  # the jobs' one check of the speculation settings, in their words
-    every = {"max_decode_len": max_new_tokens, "eos_id": stops, "sampling": sampling}
-    speculative = {"gamma": spec.gamma, "tree": spec.tree, "acceptance": spec.acceptance}
-    return {**every, "rng": jax.random.PRNGKey(seed)}, speculative
+    plain = decoding.DecodeConfig(max_new_tokens, stops, sampling)
+    speculative = decoding.DecodeConfig.from_spec(spec, max_new_tokens, stops, sampling)
+    return plain, speculative, jax.random.PRNGKey(seed)
 
 
 def prompt_texts(prompts: Any) -> list[str]:
@@ -218,7 +218,7 @@ class Pair:
         if not isinstance(speculative, bool):
             raise JobError(f"speculative must be True or False, got {speculative!r}")
         stops = vocab.stop_ids(self.vocabulary)
-        every, drafting = decode_arguments(
+        plain, drafting, rng = decode_arguments(
             stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
         )
         examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
@@ -227,11 +227,11 @@ class Pair:
         batch = inputs.make_batch(ids, model.is_encoder_decoder)
         start = time.perf_counter()
         if self.draft is None or not speculative:  # drafting's arguments checked, then unused
-            out = decoding.autoregressive_decode(model, self.target.params, batch, **every)
+            out = decoding.decode(model, self.target.params, batch, plain, rng=rng)
         else:
-            out = decoding.speculative_decode(
-                model, self.target.params, self.draft.model, self.draft.params, batch,
-                **every, **drafting,
+            out = decoding.decode(
+                model, self.target.params, batch, drafting, draft=self.draft.model,
+                draft_params=self.draft.params, rng=rng,
             )  # fmt: skip
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - start
