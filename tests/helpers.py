@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -176,6 +177,18 @@ def ragged_prompts(rng_seed: int, batch: int, width: int, vocab: int, low: int =
     }
 
 
+def _next_token_probs(model, params, rows: jax.Array, first: int, cfg) -> jax.Array:
+    """Teacher-forced next-token log-probabilities under `cfg` of rows [R, W] at positions
+    first .. W - 1: [R, W - first, V]."""
+    state = model.init_state(params, {"prompt": rows}, rows.shape[1])
+    logits = model.extend(params, state, rows)[0][:, first:]
+    flat = sampling.process_logits(logits.reshape(-1, logits.shape[-1]), cfg)
+    return flat.reshape(logits.shape)
+
+
+_next_token_probs_jit = jax.jit(_next_token_probs, static_argnums=(0, 3, 4))
+
+
 def exact_sequence_probs(
     model,
     params,
@@ -187,22 +200,28 @@ def exact_sequence_probs(
 ) -> dict[tuple[int, ...], float]:
     """Exact probability of every generated sequence (stopping at EOS or `length` tokens).
 
-    Teacher-forces the model on every prefix of the sequence tree (one batched call per depth).
+    Teacher-forces all vocab ** (length - 1) continuations of the prompt in one compiled call
+    (causal attention: a row's logits after its first d tokens are the next-token distribution
+    of that prefix), then walks the sequence tree through them.
     """
+    continuations = list(itertools.product(range(vocab), repeat=length - 1))
+    rows = jnp.asarray([list(prompt) + list(c) for c in continuations], jnp.int32)
+    first = len(prompt) - 1
+    try:
+        hash(model)
+        logp = _next_token_probs_jit(model, params, rows, first, cfg)
+    except TypeError:  # an unhashable wrapper: compile it as a closure
+        logp = jax.jit(lambda p, r: _next_token_probs(model, p, r, first, cfg))(params, rows)
+    next_probs = np.exp(np.asarray(logp, np.float64))  # [R, length, V]
+    row_of = {c: i for i, c in enumerate(continuations)}
     probs: dict[tuple[int, ...], float] = {}
     frontier = {(): 1.0}
-    for _ in range(length):
-        prefixes = list(frontier)
-        rows = [prompt + list(p) for p in prefixes]
-        width = len(rows[0])
-        tokens = jnp.asarray(rows, jnp.int32)
-        state = model.init_state(params, {"prompt": tokens}, width)
-        logits, _ = model.extend(params, state, tokens)
-        next_probs = np.exp(np.asarray(sampling.process_logits(logits[:, -1], cfg), np.float64))
+    for depth in range(length):
         new_frontier = {}
-        for prefix, row_probs in zip(prefixes, next_probs):
+        for prefix, mass in frontier.items():
+            row_probs = next_probs[row_of[prefix + (0,) * (length - 1 - depth)], depth]
             for token in range(vocab):
-                pr = frontier[prefix] * row_probs[token]
+                pr = mass * row_probs[token]
                 if pr == 0.0:
                     continue
                 seq = prefix + (token,)
