@@ -208,7 +208,7 @@ def _tiny(vocab: int, emb: int, layers: int, heads: int, kv_heads: int, seed: in
     """`helpers.tiny_decoder` with room for a draft cache of K slots per target token."""
     model = helpers.tiny_decoder_model(vocab, emb, layers, heads, kv_heads)
     model = type(model)(dataclasses.replace(model.config, max_seq_len=2048))
-    return model, model.init_params(jax.random.PRNGKey(seed))
+    return model, helpers.init_params(model, seed)
 
 
 @pytest.fixture(scope="module")

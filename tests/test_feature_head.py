@@ -36,7 +36,8 @@ def oracle_head(target, params):
     """(config, head params) copying a one-layer target's layer, fed token embeddings only."""
     config = FeatureHeadConfig.for_target(target.config)
     head = FeatureHead(config)
-    head_params = jax.tree.map(jnp.zeros_like, head.init_params(jax.random.PRNGKey(0)))
+    shapes = jax.eval_shape(head.init_params, jax.random.PRNGKey(0))  # zeros: no init to run
+    head_params = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
     e = config.emb_dim
     kernel = jnp.concatenate([jnp.eye(e), jnp.zeros((e, e))], axis=1)  # [E, 2E]: the embedding
     head_params["fc"] = {"kernel": kernel, "bias": jnp.zeros((e,))}

@@ -1,6 +1,8 @@
 """Adaptive gamma (decoding.GammaPolicy): a confidence stop and a per-row schedule stay exact with
 every draft kind, and really draft fewer tokens."""
 
+import itertools
+
 import jax
 import numpy as np
 import pytest
@@ -26,9 +28,21 @@ def _draft(kind, tables, draft):
     return prompt_lookup.PromptLookupDrafter(V), ()
 
 
-@pytest.mark.parametrize("gamma", [1, 8])
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("kind", ["model", "bigram", "prompt_lookup"])
+# Every draft kind at gamma 1 and 8, each kind with both policies and each policy at both gammas
+# by default (a pairwise cover); the other six (kind, policy, gamma) cases are slow-marked repeats.
+_DEFAULT = {
+    ("model", "confidence", 1), ("model", "schedule", 8), ("bigram", "schedule", 1),
+    ("bigram", "confidence", 8), ("prompt_lookup", "confidence", 1),
+    ("prompt_lookup", "schedule", 8),
+}  # fmt: skip
+_GREEDY_CASES = [
+    pytest.param(kind, policy, gamma, marks=() if case in _DEFAULT else pytest.mark.slow)
+    for case in itertools.product(["model", "bigram", "prompt_lookup"], sorted(POLICIES), [1, 8])
+    for kind, policy, gamma in [case]
+]
+
+
+@pytest.mark.parametrize("kind, policy, gamma", _GREEDY_CASES)
 def test_greedy_identical_to_plain(target, draft, batch, greedy_reference, kind, policy, gamma):
     eos_id, ref, tables = greedy_reference
     out = decoding.speculative_decode(

@@ -225,7 +225,7 @@ def test_a_tree_scores_every_token_as_plain_steps_along_its_path_do(dtype, famil
         config = gemma.GemmaConfig(211, 128, 2, 4, 2, 32, 256, sliding_window=6, qk_norm=True,
                                    attn_softcap=50.0, local_layers=(True, False), dtype=dtype)  # fmt: skip
         model = gemma.GemmaLM(config)
-    params = model.init_params(jax.random.PRNGKey(4))
+    params = helpers.init_params(model, 4)
     params = jax.tree.map(lambda x: x.astype(dtype) if x.ndim > 1 else x, params)
     prompt = helpers.ragged_prompts(5, batch=2, width=9, vocab=211)["prompt"]
     tree = jnp.asarray([[7, 19, 3, 88, 41, 5], [2, 2, 150, 9, 61, 33]], jnp.int32)

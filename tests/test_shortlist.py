@@ -29,7 +29,7 @@ def test_shortlist_head_keeps_the_listed_logits_and_rules_out_the_rest(tied):
         mlp_dim=64, tie_word_embeddings=tied,
     )  # fmt: skip
     model = decoder.DecoderLM(config)
-    params = model.init_params(jax.random.PRNGKey(0))
+    params = helpers.init_params(model, 0)
     short_config, short_params = decoder.restrict_head(config, params, [40, 3, 7, 3, 63, 0])
     assert short_config.head_tokens == 5 and not short_config.tie_word_embeddings
     ids = [0, 3, 7, 40, 63]

@@ -3,6 +3,8 @@ sampled sequences follow the target's exact sequence distribution (chi-square)."
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,15 +44,24 @@ def test_greedy_speculative_equals_autoregressive(gamma):
 
 def _sequence_probs(model, params, encoder_tokens, vocab, length, cfg):
     """Exact probability of every generated sequence (ending at EOS or after `length` tokens),
-    by teacher-forcing every prefix of the sequence tree through the uncached forward pass."""
-    forward = jax.jit(model.forward)
+    by teacher-forcing every prefix of the sequence tree through the uncached forward pass: all
+    vocab ** (length - 1) continuations in one compiled call (the decoder is causal: a row's logits
+    after its first d tokens are the next-token distribution of that prefix)."""
+    continuations = list(itertools.product(range(vocab), repeat=length - 1))
+    dec = jnp.asarray([[0, *c] for c in continuations], jnp.int32)
+    enc = jnp.broadcast_to(encoder_tokens, (len(continuations), encoder_tokens.shape[-1]))
+
+    @jax.jit
+    def next_token_logp(params, enc, dec):
+        logits = model.forward(params, enc, dec)  # [R, length, V]
+        return sampling.process_logits(logits.reshape(-1, vocab), cfg).reshape(logits.shape)
+
+    all_probs = np.exp(np.asarray(next_token_logp(params, enc, dec), np.float64))
+    row_of = {c: i for i, c in enumerate(continuations)}
     probs, frontier = {}, {(): 1.0}
     for depth in range(length):
         prefixes = list(frontier)
-        dec = jnp.asarray([[0, *p] for p in prefixes], jnp.int32)
-        enc = jnp.broadcast_to(encoder_tokens, (len(prefixes), encoder_tokens.shape[-1]))
-        logits = forward(params, enc, dec)[:, -1]
-        next_probs = np.exp(np.asarray(sampling.process_logits(logits, cfg), np.float64))
+        next_probs = [all_probs[row_of[p + (0,) * (length - 1 - depth)], depth] for p in prefixes]
         new_frontier = {}
         for prefix, p_prefix, p_next in zip(prefixes, frontier.values(), next_probs):
             for token in range(vocab):

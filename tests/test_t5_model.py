@@ -112,7 +112,8 @@ def _tiny(acts=("gelu", "linear"), tied=False, seed=0):
     return model, model.init_params(jax.random.PRNGKey(seed))
 
 
-@pytest.mark.parametrize("length", [1, 3, 8])
+# 1 token (a plain step) and a block of 8 by default; a block of 3 is a slow-marked repeat
+@pytest.mark.parametrize("length", [1, pytest.param(3, marks=pytest.mark.slow), 8])
 def test_extend_equals_teacher_forcing_at_ragged_positions(length):
     model, params = _tiny(seed=length)
     batch, total = 4, 24

@@ -137,7 +137,8 @@ def _check_tree_attention(model, params, state, start, tokens):
 
 def test_tree_attention_decoder_only(target, batch):
     model, params = target
-    state, pos, _, _ = decoding.prefill(model, params, batch, 32)
+    # Jitted, as the decode loops run it (the eager prefill compiled every op of it anew).
+    state, pos, _, _ = jax.jit(lambda p, b: decoding.prefill(model, p, b, 32))(params, batch)
     tokens = jax.random.randint(jax.random.PRNGKey(3), (pos.shape[0], TREE.size + 1), 2, 20)
     _check_tree_attention(model, params, state, pos, tokens)
 
@@ -203,9 +204,7 @@ def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=N
             if broken_siblings:  # every sibling claims the full q: the draws are not from it
                 kid_log_q = np.repeat(kid_log_q[:, :1], len(kids), axis=1)
         else:  # fixed proposals, colliding when two draws agree (a lookup draft)
-            kid_tokens = np.stack(
-                [[rng.choice(V, p=d) for d in dist] for _ in kids], axis=1
-            ).astype(np.int32)
+            kid_tokens = np.stack([_choices(rng, dist) for _ in kids], axis=1).astype(np.int32)
             kid_log_q = _log(np.eye(V)[kid_tokens])
         for r, kid in enumerate(kids):
             tokens[:, kid - 1] = kid_tokens[:, r]
@@ -214,24 +213,46 @@ def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=N
     target_logits = np.stack(
         [np.stack([_log(p[pre]) for pre in prefix[j]]) for j in range(tree.size + 1)], axis=1
     )
-    round_ = TreeRound(
+    rule = verify or tree_rule.verify_tree
+
+    # One compiled call, as the decode loop runs the rule (eagerly every op compiled on its own);
+    # traced here, so a rule patched by a test is the one compiled. The round's static fields are
+    # numpy: it is built inside.
+    @jax.jit
+    def one_round(key, target_logits, log_q, tokens):
+        return rule(key, TreeRound(target_logits, log_q, tokens, tree.children, tree.depth), _T1)
+
+    path, n, nxt, _, _ = one_round(
+        jax.random.PRNGKey(seed + 1),
         jnp.asarray(target_logits, jnp.float32),
         jnp.asarray(log_q),
         jnp.asarray(tokens),
-        tree.children,
-        tree.depth,
-    )
-    path, n, nxt, _, _ = (verify or tree_rule.verify_tree)(
-        jax.random.PRNGKey(seed + 1), round_, _T1
     )
     path, n, nxt = np.asarray(path), np.asarray(n), np.asarray(nxt)
+    # Completion draws in row order, one uniform each, as rng.choice(V, p=p[seq]) row by row.
+    uniforms = iter(rng.random(int(np.sum(tree.depth - n))).tolist())
+    cdfs = {}
     samples = []
     for row in range(ROWS):
         seq = tuple(int(tokens[row, j - 1]) for j in path[row, : n[row]]) + (int(nxt[row]),)
         while len(seq) < tree.depth + 1:
-            seq += (int(rng.choice(V, p=p[seq])),)
+            if seq not in cdfs:
+                cdfs[seq] = _cdf(p[seq][None])[0]
+            seq += (int(np.searchsorted(cdfs[seq], next(uniforms), side="right")),)
         samples.append(seq)
     return samples, float(np.mean(n))
+
+
+def _cdf(dists):
+    """Rows' cumulative sums scaled to end at 1, as numpy's Generator.choice computes them."""
+    cdf = np.cumsum(dists, axis=-1)
+    return cdf / cdf[:, -1:]
+
+
+def _choices(rng, dists):
+    """`[rng.choice(V, p=d) for d in dists]` at once: the same uniforms from rng, the same tokens."""
+    cdf, u = _cdf(dists), rng.random(len(dists))
+    return np.sum(cdf <= u[:, None], axis=-1)
 
 
 def _exact(p, length):
