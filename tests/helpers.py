@@ -227,7 +227,16 @@ def exact_sequence_probs(
         logp = _next_token_probs_jit(model, params, rows, first, cfg)
     except TypeError:  # an unhashable wrapper: compile it as a closure
         logp = jax.jit(lambda p, r: _next_token_probs(model, p, r, first, cfg))(params, rows)
-    next_probs = np.exp(np.asarray(logp, np.float64))  # [R, length, V]
+    return walk_sequence_tree(np.exp(np.asarray(logp, np.float64)), length, vocab, eos_id)
+
+
+def walk_sequence_tree(
+    next_probs: np.ndarray, length: int, vocab: int, eos_id: int
+) -> dict[tuple[int, ...], float]:
+    """Exact probability of every generated sequence (stopping at EOS or `length` tokens) from
+    next_probs [R, length, V]: row r holds the next-token probabilities after each prefix of the
+    r-th of the vocab ** (length - 1) continuations, in `itertools.product` order."""
+    continuations = itertools.product(range(vocab), repeat=length - 1)
     row_of = {c: i for i, c in enumerate(continuations)}
     probs: dict[tuple[int, ...], float] = {}
     frontier = {(): 1.0}

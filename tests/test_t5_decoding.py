@@ -56,22 +56,8 @@ def _sequence_probs(model, params, encoder_tokens, vocab, length, cfg):
         logits = model.forward(params, enc, dec)  # [R, length, V]
         return sampling.process_logits(logits.reshape(-1, vocab), cfg).reshape(logits.shape)
 
-    all_probs = np.exp(np.asarray(next_token_logp(params, enc, dec), np.float64))
-    row_of = {c: i for i, c in enumerate(continuations)}
-    probs, frontier = {}, {(): 1.0}
-    for depth in range(length):
-        prefixes = list(frontier)
-        next_probs = [all_probs[row_of[p + (0,) * (length - 1 - depth)], depth] for p in prefixes]
-        new_frontier = {}
-        for prefix, p_prefix, p_next in zip(prefixes, frontier.values(), next_probs):
-            for token in range(vocab):
-                seq, p = prefix + (token,), p_prefix * p_next[token]
-                if token == EOS or depth == length - 1:
-                    probs[seq] = probs.get(seq, 0.0) + p
-                else:
-                    new_frontier[seq] = p
-        frontier = new_frontier
-    return probs
+    next_probs = np.exp(np.asarray(next_token_logp(params, enc, dec), np.float64))
+    return helpers.walk_sequence_tree(next_probs, length, vocab, EOS)
 
 
 def test_sampling_matches_exact_target_distribution():
