@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import pathlib
 import re
 import statistics
@@ -44,7 +43,7 @@ from speculative.measure import timing
 from speculative.models import base, decoder, precision
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from matrix_units import cpu_model  # noqa: E402  (one CPU-name reader for the scripts)
+from matrix_units import cpu_model, write_report  # noqa: E402  (the scripts' shared pieces)
 
 # XLA:CPU's library fusion types (jaxlib >= 0.10): which operations it hands to YNNPACK. The
 # decode loops use individual dots (`precision.COMPILER_OPTIONS`); the others fuse more per call.
@@ -160,18 +159,25 @@ def nbytes(tree) -> int:
     return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
 
 
-def load_draft() -> tuple[decoder.DecoderLM, dict, dict, int]:
-    """The 0.5B draft in bfloat16 with its shortlist head, the first HumanEval prompt as a batch,
-    and a cache length with room for 160 more tokens."""
+def first_prompt() -> tuple[vocab.Vocabulary, list, dict, int]:
+    """The Qwen vocabulary, the first HumanEval prompt's ids and batch, and a cache length with
+    room for 160 more tokens."""
     vocabulary = vocab.from_gguf(fetch.ensure_model("qwen2.5-coder-1.5b"))
     ids = inputs.tokenize(inputs.read_examples("humaneval", limit=1), vocabulary, False)
+    batch = inputs.decoder_batch(ids[:1])
+    return vocabulary, ids, batch, batch["prompt"].shape[1] + 160
+
+
+def load_draft() -> tuple[decoder.DecoderLM, dict, dict, int]:
+    """The 0.5B draft in bfloat16 with its shortlist head, and `first_prompt`'s batch and cache
+    length."""
+    vocabulary, ids, batch, cache_len = first_prompt()
     config, params = checkpoints.load_gguf(
         fetch.ensure_model("qwen2.5-coder-0.5b"), dtype=jnp.bfloat16
     )
     short = shortlist.for_prompts(vocabulary, 32768, ids, vocab_size=config.vocab_size)
     config, params = decoder.restrict_head(config, params, short)
-    batch = inputs.decoder_batch(ids[:1])
-    return decoder.DecoderLM(config), params, batch, batch["prompt"].shape[1] + 160
+    return decoder.DecoderLM(config), params, batch, cache_len
 
 
 def timed_variants(model, params, batch: dict, cache_len: int) -> dict:
@@ -242,9 +248,7 @@ def main(argv=None) -> dict:
     }
     report["outside_ms_per_operation"] = report["outside_products_ms"] / ours["other_fusions"]
     print_report(report)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "draft_anatomy.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, "draft_anatomy.json", report)
     return report
 
 

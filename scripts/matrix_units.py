@@ -68,6 +68,15 @@ def peak_rss(dtype: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def write_report(out_dir: str, name: str, report: dict) -> pathlib.Path:
+    """Writes a script's report as out_dir/name (JSON, the directory made); returns the path."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def cpu_model() -> str:
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -222,10 +231,7 @@ def main(argv=None) -> dict:
     model, params = models["bfloat16"]["target"]
     report["route"] = route_report(model, params, one, cache_len)
     print(f"bfloat16 target step: {report['route']}")
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "matrix_units.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {out / 'matrix_units.json'}")
+    print(f"wrote {write_report(args.out, 'matrix_units.json', report)}")
     return report
 
 

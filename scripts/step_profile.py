@@ -41,41 +41,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import checkpoints, vocab
-from speculative.data import inputs
-from speculative.drafts import shortlist
+from speculative import checkpoints
 from speculative.loading import fetch
 from speculative.measure import timing
 from speculative.models import decoder, precision
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from matrix_units import cpu_model  # noqa: E402  (one CPU-name reader for the scripts)
+from draft_anatomy import first_prompt, load_draft  # noqa: E402  (as the anatomy loads them)
+from matrix_units import cpu_model, write_report  # noqa: E402  (the scripts' shared pieces)
 
 STEPS = 10  # decode steps traced
 PROJECTIONS = ("query", "key", "value", "out", "wi_0", "wi_1", "wo", "logits_dense")
 
 
-def load(name: str, shortlist_for: list | None = None) -> tuple[decoder.DecoderLM, dict]:
-    """A Qwen2.5-Coder model in bfloat16; with `shortlist_for` (prompt ids), its head restricted
-    to the 32,768-id shortlist the benchmarks' draft uses."""
-    config, params = checkpoints.load_gguf(fetch.ensure_model(name), dtype=jnp.bfloat16)
-    if shortlist_for is not None:
-        vocabulary = vocab.from_gguf(fetch.ensure_model("qwen2.5-coder-1.5b"))
-        short = shortlist.for_prompts(
-            vocabulary, 32768, shortlist_for, vocab_size=config.vocab_size
-        )
-        config, params = decoder.restrict_head(config, params, short)
-    return decoder.DecoderLM(config), params
+def load_target() -> tuple[decoder.DecoderLM, dict, dict, int]:
+    """The 1.5B target in bfloat16 with `load_draft`'s prompt batch and cache length."""
+    config, params = checkpoints.load_gguf(
+        fetch.ensure_model("qwen2.5-coder-1.5b"), dtype=jnp.bfloat16
+    )
+    _, _, batch, cache_len = first_prompt()
+    return decoder.DecoderLM(config), params, batch, cache_len
 
 
-def first_prompt() -> tuple[dict, list]:
-    """The first HumanEval prompt as a batch, and its ids."""
-    vocabulary = vocab.from_gguf(fetch.ensure_model("qwen2.5-coder-1.5b"))
-    ids = inputs.tokenize(inputs.read_examples("humaneval", limit=1), vocabulary, False)
-    return inputs.decoder_batch(ids[:1]), ids
-
-
-def kind_of(op_name: str, shape: str) -> str:
+def kind_of(op_name: str) -> str:
     """What a library dot computes, from its HLO metadata (attention's products carry none)."""
     for part in PROJECTIONS:
         if f"/{part}/" in op_name:
@@ -83,14 +71,14 @@ def kind_of(op_name: str, shape: str) -> str:
     return "attention" if op_name == "" else "other dot"
 
 
-def dot_kinds(hlo: str) -> dict[str, tuple[str, str]]:
-    """library fusion name -> (kind, output shape) in a compiled program's text."""
+def dot_kinds(hlo: str) -> dict[str, str]:
+    """library fusion name -> kind, in a compiled program's text."""
     found = {}
     for line in hlo.splitlines():
-        m = re.match(r"\s+%(ynn_fusion[.\d]*) = (\S+) fusion\(", line)
+        m = re.match(r"\s+%(ynn_fusion[.\d]*) = \S+ fusion\(", line)
         if m:
             op = re.search(r'op_name="([^"]*)"', line)
-            found[m.group(1)] = (kind_of(op.group(1) if op else "", m.group(2)), m.group(2))
+            found[m.group(1)] = kind_of(op.group(1) if op else "")
     return found
 
 
@@ -101,7 +89,7 @@ def projection_bytes(params: dict) -> dict[str, int]:
         names = [getattr(k, "key", "") for k in path]
         if names[-1] != "kernel":
             continue
-        kind = kind_of("/" + "/".join(names) + "/", "")
+        kind = kind_of("/" + "/".join(names) + "/")
         found[kind] += leaf.nbytes
     return dict(found)
 
@@ -148,8 +136,8 @@ def trace_once(compiled, operands, kinds: dict) -> dict:
         if name == "ThunkExecutor::Execute (wait for completion)":
             us["wall"] += event["dur"]
         elif name in kinds:
-            us[kinds[name][0]] += event["dur"]
-            calls[kinds[name][0]] += 1
+            us[kinds[name]] += event["dur"]
+            calls[kinds[name]] += 1
         elif not name.startswith(("end:", "ThunkExecutor", "$", "SlinkyThreadPool")) and (
             "fusion" in name or name.startswith(("wrapped_", "copy", "dynamic"))
         ):
@@ -214,14 +202,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="outputs/step_profile")
     parser.add_argument("--rounds", type=int, default=3, help="traces per model (medians)")
     args = parser.parse_args(argv)
-    batch, ids = first_prompt()
-    cache_len = batch["prompt"].shape[1] + 160
-    report = {"cpu": cpu_model(), "jax": jax.__version__, "cache_len": cache_len, "models": {}}
-    for label, name, shortlist_for in (
-        ("0.5B draft, 32,768-id shortlist head", "qwen2.5-coder-0.5b", ids),
-        ("1.5B target", "qwen2.5-coder-1.5b", None),
+    report = {"cpu": cpu_model(), "jax": jax.__version__, "models": {}}
+    for label, load in (
+        ("0.5B draft, 32,768-id shortlist head", load_draft),
+        ("1.5B target", load_target),
     ):
-        model, params = load(name, shortlist_for)
+        model, params, batch, cache_len = load()
+        report["cache_len"] = cache_len
         found = profile_step(model, params, batch, cache_len, args.rounds)
         found["weight_bytes"] = projection_bytes(params)
         report["models"][label] = found
@@ -241,9 +228,7 @@ def main(argv=None) -> dict:
     }
     report["read_bandwidth_gb_s"] = timing.read_bandwidth() / 1e9
     print_report(report)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "step_profile.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, "step_profile.json", report)
     return report
 
 
