@@ -299,14 +299,17 @@ I39_T1 = "benchmarks/issue39_bf16_t1_20/benchmark.json"
 DEMO = "benchmarks/demo_issue39/demo.json"
 SHORTLIST = "benchmarks/issue13/shortlist/benchmark.json"
 I25 = "benchmarks/issue25_table/benchmark.json"
-HF_TREES = "benchmarks/compare_hf_trees/compare_hf.json"
+HF_BF16 = "benchmarks/compare_hf_bf16/compare_hf.json"
 BATCH = "benchmarks/issue13/batch_curve/benchmark.json"
+BATCH_BF16 = "benchmarks/issue39_batch/benchmark.json"
+BATCH8 = "benchmarks/issue39_batch8/benchmark.json"
 UNITS = "benchmarks/matrix_units/matrix_units.json"
 
 A, T, S, SET = "α", "τ", "speedup (decode-only)", "setting"
 T0 = "cells[temperature=0.0].points"
 T1 = "cells[temperature=1.0].points"
-HF_TREE = 'cells[0].programs["ours speculative tree (2, 1, 1, 1, 1, 1), draft shortlist 32768"]'
+HF_STAGED = 'cells[0].programs["ours staged gamma 5, lookup 3, draft shortlist 32768"]'
+B8_G3 = "cells[0].points[gamma=3]"
 
 
 def _current(row: str, column: str, text: str, file: str, key, fmt="{}") -> Figure:
@@ -326,8 +329,9 @@ _R10 = "block verification, T = 1"
 _R11 = "trained feature head"
 _R12 = "prompt-lookup tree"
 _R13 = "against Hugging Face"
-_R14 = "batch curve"
+_R14 = "batch curve, float32"
 _R15 = "draft with another tokenizer, bfloat16"
+_R16 = "batch curve, bfloat16"
 X41 = "benchmarks/issue41_cross_vocab_20/benchmark.json"
 
 
@@ -514,27 +518,57 @@ CURRENT_FIGURES = [
         _R13,
         SET,
         "HumanEval 100-103",
-        HF_TREES,
+        HF_BF16,
         lambda d: "-".join(d["prompts"][i].removeprefix("HumanEval/") for i in (0, -1)),
         "HumanEval {}",
     ),
     _current(
         _R13,
         SET,
-        "HF assisted (5 tokens)",
-        HF_TREES,
-        lambda d: int(d["cells"][0]["best_hf_assisted"].removeprefix("hf assisted ")),
-        "HF assisted ({} tokens)",
+        "(prompt lookup, bfloat16)",
+        HF_BF16,
+        "cells[0].best_hf_assisted",
+        lambda name: {"hf prompt lookup 10 [bfloat16]": "(prompt lookup, bfloat16)"}.get(
+            name, name
+        ),
     ),
-    _current(_R13, A, "0.930", HF_TREES, f"{HF_TREE}.alpha", "{:.3f}"),
-    _current(_R13, T, "5.33", HF_TREES, f"{HF_TREE}.tokens_per_target_call", "{:.2f}"),
-    _current(_R13, S, "1.23x", HF_TREES, "cells[0].ours_over_best_hf_assisted", "{:.2f}x"),
+    _current(_R13, A, "0.920", HF_BF16, f"{HF_STAGED}.alpha", "{:.3f}"),
+    _current(_R13, T, "4.79", HF_BF16, f"{HF_STAGED}.tokens_per_target_call", "{:.2f}"),
+    _current(_R13, S, "1.496x", HF_BF16, "cells[0].ours_over_best_hf_assisted", "{:.3f}x"),
     _current(_R14, SET, "HumanEval 0-7", BATCH, "num_examples", lambda n: f"HumanEval 0-{n - 1}"),
     _current(_R14, SET, "64 tokens", BATCH, "feature_lengths.targets", "{} tokens"),
     _current(_R14, A, "0.914", BATCH, "cells[batch_size=1].alpha", "{:.3f}"),
     _current(_R14, S, "1.50x (batch 1)", BATCH, lambda d: best_speedup(d, 1), "{:.2f}x (batch 1)"),
     _current(_R14, S, "0.97x (batch 8)", BATCH, lambda d: best_speedup(d, 8), "{:.2f}x (batch 8)"),
     _current(_R14, S, "0.78x (16)", BATCH, lambda d: best_speedup(d, 16), "{:.2f}x (16)"),
+    _current(_R16, SET, "128 tokens", BATCH_BF16, "feature_lengths.targets", "{} tokens"),
+    _current(_R16, A, "0.925", BATCH_BF16, "cells[batch_size=1].points[0].alpha", "{:.3f}"),
+    _current(
+        _R16,
+        T,
+        "4.95 / 3.53",
+        f"{BATCH_BF16}|{BATCH8}",
+        lambda d: (
+            lookup(d[BATCH_BF16], "cells[batch_size=1].points[0].tau"),
+            lookup(d[BATCH8], f"{B8_G3}.tau"),
+        ),
+        "{:.2f} / {:.2f}",
+    ),
+    _current(
+        _R16, S, "1.66x (batch 1)", BATCH_BF16, lambda d: best_speedup(d, 1), "{:.2f}x (batch 1)"
+    ),
+    _current(_R16, S, "1.29x (4)", BATCH_BF16, lambda d: best_speedup(d, 4), "{:.2f}x (4)"),
+    _current(_R16, S, "0.98x (8)", BATCH_BF16, lambda d: best_speedup(d, 8), "{:.2f}x (8)"),
+    _current(
+        _R16,
+        S,
+        "γ 3 at batch 8",
+        BATCH8,
+        (f"{B8_G3}.gamma", "cells[0].batch_size"),
+        "γ {} at batch {}",
+    ),
+    _current(_R16, S, "1.23x", BATCH8, f"{B8_G3}.speedup", "{:.2f}x"),
+    _current(_R16, S, "(1.48x)", BATCH8, f"{B8_G3}.decode_speedup", "({:.2f}x)"),
     _current(
         _R15,
         A,
@@ -590,7 +624,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 26 runs",
+        "the 27 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
