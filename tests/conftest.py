@@ -132,3 +132,23 @@ def pytest_unconfigure(config):
 
     gc.collect()
     gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__name__", "") != "_xla_gc_callback"]
+
+
+# The order the two xdist workers take the suite in (worksteal hands each worker half the list,
+# in order, and a worker that runs dry steals the tail of the other's half). The tests that run
+# a whole interpreter of their own (a minute each) go first, so no worker ends on one while the
+# other idles; the mutation checks go last, because they clear JAX's caches (a mutant must not
+# reuse programs traced with the real rule) and every test after them in that worker would
+# compile again what it had compiled already.
+FIRST = ("tests/test_spmd.py", "tests/test_job_spmd.py", "tests/test_seqio_process.py")
+LAST = ("tests/test_mutations.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        if path in FIRST:
+            return 0, FIRST.index(path)
+        return (2 if path in LAST else 1), 0
+
+    items.sort(key=rank)  # stable: each module keeps its order, its fixtures built once

@@ -4,6 +4,8 @@ chains and trees that returns what the rule's own function returns."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,12 +95,19 @@ def test_one_call_for_chains_and_trees_returns_the_rules_own_outcome():
     draft = _logits(keys[1], (batch, gamma, vocab))
     tokens = jax.random.randint(keys[2], (batch, gamma), 0, vocab)
     proposed = jnp.array([3, 1, 2, 3, 3, 2])
-    for name in ("token", "block"):
+
+    # verify and the rule's own function jitted together: one program per rule instead of
+    # op-by-op eager dispatch (the outcomes compared are the two calls' own outputs).
+    @functools.partial(jax.jit, static_argnums=0)
+    def chain_both(name, key, target, draft, tokens, proposed):
         v = acceptance.verify(
-            name, keys[3], target, draft, tokens, proposed, sampling=T1, adaptive=True
+            name, key, target, draft, tokens, proposed, sampling=T1, adaptive=True
         )
         round_ = ChainRound(target, draft, tokens, proposed)
-        n, nxt, beta = acceptance.rule(name).chain()(keys[3], round_, T1, 1.0)
+        return v, acceptance.rule(name).chain()(key, round_, T1, 1.0)
+
+    for name in ("token", "block"):
+        v, (n, nxt, beta) = chain_both(name, keys[3], target, draft, tokens, proposed)
         for a, b in ((v.num_accepted, n), (v.next_token, nxt), (v.beta, beta)):
             np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(v.path, np.tile(np.arange(1, gamma + 1), (batch, 1)))
@@ -110,11 +119,15 @@ def test_one_call_for_chains_and_trees_returns_the_rules_own_outcome():
     target = _logits(keys[0], (batch, tree.size + 1, vocab))
     log_q = jax.nn.log_softmax(_logits(keys[1], (batch, tree.size, vocab)))
     tokens = jax.random.randint(keys[2], (batch, tree.size), 0, vocab)
-    for name in ("token", "traversal"):
-        v = acceptance.verify(
-            name, keys[3], target, log_q, tokens, jnp.full((batch,), 3), sampling=T1, tree=tree
-        )
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def tree_both(name, key, target, log_q, tokens):  # a TreeRound is built inside jit
+        proposed = jnp.full((batch,), 3)
+        v = acceptance.verify(name, key, target, log_q, tokens, proposed, sampling=T1, tree=tree)
         round_ = TreeRound(target, log_q, tokens, tree.children, 3)
-        own = acceptance.rule(name).tree()(keys[3], round_, T1)
+        return v, acceptance.rule(name).tree()(key, round_, T1)
+
+    for name in ("token", "traversal"):
+        v, own = tree_both(name, keys[3], target, log_q, tokens)
         for a, b in zip((v.path, v.num_accepted, v.next_token, v.beta, v.tested), own, strict=True):
             np.testing.assert_array_equal(a, b)

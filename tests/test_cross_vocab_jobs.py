@@ -61,6 +61,8 @@ def test_the_memory_report_counts_weights_cache_and_tables(drafter):
     def nbytes(tree) -> int:
         return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
 
+    # The real prefill, jitted: one program per draft instead of an eager pass op by op.
+    init = jax.jit(lambda d, p, b, c: d.init(p, b, c), static_argnums=(0, 3))
     for model in (
         drafter.model,
         type(drafter.model)(dataclasses.replace(drafter.model.config, max_seq_len=40)),
@@ -68,7 +70,7 @@ def test_the_memory_report_counts_weights_cache_and_tables(drafter):
         capped = dataclasses.replace(drafter, model=model)
         config = decoding.DecodeConfig(V_MAX_LEN, (0,), gamma=3)
         got = memory.cross_draft_bytes(capped, mesh, 2, 7, V_MAX_LEN, 3, jnp.float32)
-        cache = capped.init(params, batch, config).cache
+        cache = init(capped, params, batch, config).cache
         k = capped.width
         need = k * 7 + k * (V_MAX_LEN + 3 + 2) + k + 3  # unfitted: K per prompt token
         assert cache.max_len == min(need, model.max_length)

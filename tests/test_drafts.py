@@ -1,6 +1,8 @@
 """Drafts other than a model (speculative/drafts/): exact under the rejection rule, like the model
 draft. Greedy token identity with plain decoding and the sequence chi-square test at T = 1 / top-k."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +140,14 @@ def test_latest_match_finds_the_latest_earlier_occurrence():
     np.testing.assert_array_equal(prompt_lookup.latest_match(ids, jnp.array([1, 2]), 2), [-1, -1])
 
 
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _propose(drafter, ctx, gamma):
+    """One round's proposals, jitted as the decode loop runs them (not op by op eagerly)."""
+    request = DraftRequest(ctx, jax.random.PRNGKey(0), SamplingConfig(), gamma)
+    tokens, logits, _ = drafter.propose((), (), request)
+    return tokens, logits
+
+
 def _lookup(prompt, gamma, **kw):
     ctx = base.DraftContext(
         pos=jnp.array([len(prompt) - 1]),
@@ -150,10 +160,8 @@ def _lookup(prompt, gamma, **kw):
         done=jnp.array([False]),
         budget=jnp.array([gamma]),
     )
-    drafter = prompt_lookup.PromptLookupDrafter(16, **kw)
-    request = DraftRequest(ctx, jax.random.PRNGKey(0), SamplingConfig(), gamma)
-    tokens, logits, _ = drafter.propose((), (), request)
-    np.testing.assert_array_equal(jnp.argmax(logits, -1), tokens)
+    tokens, logits = _propose(prompt_lookup.PromptLookupDrafter(16, **kw), ctx, gamma)
+    np.testing.assert_array_equal(np.argmax(np.asarray(logits), -1), tokens)
     assert np.all(np.isneginf(np.asarray(logits)).sum(-1) == 15)  # one-hot q
     return np.asarray(tokens[0]).tolist()
 

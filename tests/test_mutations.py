@@ -159,6 +159,11 @@ def test_unmutated_copy_is_the_real_rule():
     tokens = jnp.asarray(rng.integers(0, 7, (64, 3)), jnp.int32)
     lengths = jnp.asarray(rng.integers(1, 4, 64), jnp.int32)
     copy = mutated_verify_detailed(None)
+    # Real rule and copy jitted together (cfg and lenience static, as in the decode loop): one
+    # program per case, not op-by-op eager dispatch; each returns its own outputs.
+    both = jax.jit(
+        lambda *args: (sampling.verify_detailed(*args), copy(*args)), static_argnums=(4, 5)
+    )
     for cfg, lenience, draft_lengths in [
         (CFG, 1.0, None),
         (SamplingConfig(temperature=0.7, top_k=4), 1.0, lengths),
@@ -168,7 +173,7 @@ def test_unmutated_copy_is_the_real_rule():
         for seed in range(1):
             key = jax.random.PRNGKey(seed)
             args = (key, target, draft, tokens, cfg, lenience, draft_lengths)
-            for a, b in zip(sampling.verify_detailed(*args), copy(*args), strict=True):
+            for a, b in zip(*both(*args), strict=True):
                 np.testing.assert_array_equal(a, b)
 
 

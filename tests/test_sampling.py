@@ -469,10 +469,13 @@ def test_lenience_one_is_the_exact_rule_bit_for_bit():
     key = jax.random.PRNGKey(3)
     target_logits = jnp.broadcast_to(TARGET, (64, 2, V))
     draft_logits = jnp.broadcast_to(DRAFT[:1], (64, 1, V))
-    tokens, _ = sampling.sample(key, draft_logits, cfg)
-    exact = sampling.verify_detailed(key, target_logits, draft_logits, tokens, cfg)
-    lenient = sampling.verify_detailed(key, target_logits, draft_logits, tokens, cfg, 1.0)
-    for a, b in zip(exact, lenient):
+    # jitted with cfg and lenience static, as the decode loop runs them (one program per call
+    # form, not op by op eagerly): the default lenience against an explicit 1.0
+    tokens, _ = jax.jit(sampling.sample, static_argnums=2)(key, draft_logits, cfg)
+    verify = jax.jit(sampling.verify_detailed, static_argnums=(4, 5))
+    exact = verify(key, target_logits, draft_logits, tokens, cfg)
+    lenient = verify(key, target_logits, draft_logits, tokens, cfg, 1.0)
+    for a, b in zip(exact, lenient, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

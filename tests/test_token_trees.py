@@ -184,6 +184,10 @@ def _log(x):
         return np.log(x)
 
 
+# One compiled program per (width, sampling) instead of the draw's operations one by one.
+_siblings = jax.jit(siblings, static_argnums=(2, 3))
+
+
 def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=None):
     """One tree round per row (by `verify`, the token rule's `verify_tree` by default), each output
     completed from p to depth + 1 tokens."""
@@ -199,7 +203,7 @@ def _round_then_complete(tree, p, q, draw, seed, broken_siblings=False, verify=N
         key, sub = jax.random.split(key)
         dist = np.stack([q[pre] for pre in prefix[parent]])
         if draw == "sampled":
-            kid_tokens, kid_log_q = siblings(sub, jnp.asarray(_log(dist)), len(kids), _T1)
+            kid_tokens, kid_log_q = _siblings(sub, jnp.asarray(_log(dist)), len(kids), _T1)
             kid_tokens, kid_log_q = np.asarray(kid_tokens), np.asarray(kid_log_q)
             if broken_siblings:  # every sibling claims the full q: the draws are not from it
                 kid_log_q = np.repeat(kid_log_q[:, :1], len(kids), axis=1)

@@ -31,16 +31,21 @@ DEC = jnp.array([[0, 5, 6, 9], [0, 4, 1, 0]])
 def _pair(rate: float):
     cfg = helpers.tiny_t5_config(64, encoder_layers=1, decoder_layers=1)
     plain, dropped = t5.T5(cfg), t5.T5(dataclasses.replace(cfg, dropout_rate=rate))
-    return plain, dropped, plain.init_params(jax.random.PRNGKey(0))
+    return plain, dropped, helpers.init_params(plain, 0)  # one jitted init, not eager
 
 
 def test_dropout_changes_training_passes_only():
     plain, dropped, params = _pair(0.1)
-    reference = np.asarray(plain.forward(params, ENC, DEC))
+    # Jitted (the models are static, hashable by config): one program per model and rng-or-not
+    # instead of an eager op-by-op pass; every comparison below is between jitted passes.
+    forward = jax.jit(lambda m, p, e, d, r: m.forward(p, e, d, r), static_argnums=0)
+    reference = np.asarray(forward(plain, params, ENC, DEC, None))
     # deterministic apply, and a zero rate even with an rng: bit-identical to the plain network
-    np.testing.assert_array_equal(dropped.forward(params, ENC, DEC), reference)
-    np.testing.assert_array_equal(plain.forward(params, ENC, DEC, jax.random.PRNGKey(1)), reference)
-    a, b, a2 = (dropped.forward(params, ENC, DEC, jax.random.PRNGKey(k)) for k in (1, 2, 1))
+    np.testing.assert_array_equal(forward(dropped, params, ENC, DEC, None), reference)
+    np.testing.assert_array_equal(
+        forward(plain, params, ENC, DEC, jax.random.PRNGKey(1)), reference
+    )
+    a, b, a2 = (forward(dropped, params, ENC, DEC, jax.random.PRNGKey(k)) for k in (1, 2, 1))
     assert np.abs(np.asarray(a) - reference).max() > 0.1
     assert np.abs(np.asarray(a) - np.asarray(b)).max() > 0.1
     np.testing.assert_array_equal(a, a2)  # a function of the rng alone
@@ -55,7 +60,8 @@ def test_dropout_changes_training_passes_only():
         health = jnp.asarray(-1, jnp.int32)
         return float(steps[model](params, optimizer.init(params), batch, None, health, step)[2])
 
-    assert trainer.loss_fn(params, dropped, batch) == loss(plain, 1) == loss(plain, 2)
+    loss_fn = jax.jit(trainer.loss_fn, static_argnums=1)
+    assert loss_fn(params, dropped, batch) == loss(plain, 1) == loss(plain, 2)
     assert loss(dropped, 1) != loss(plain, 1)
     assert loss(dropped, 1) == loss(dropped, 1) != loss(dropped, 2)
 

@@ -4,6 +4,7 @@ choice between chains, trees and plain decoding (pure functions, no compiles).""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -41,11 +42,17 @@ def _rows(shape: TreeShape, outcomes):
 
 def _walk(shape: TreeShape, outcomes):
     """The real greedy tree rule on every outcome: (accepted [B], path [B, D], tested [B, D])."""
-    tokens, logits = _rows(shape, outcomes)
+    path, n, tested = _verify(shape, *_rows(shape, outcomes))
+    return np.asarray(n), np.asarray(path), np.asarray(tested)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _verify(shape: TreeShape, tokens: jax.Array, logits: jax.Array):
+    """The rule jitted (the shape is static, hashable): one program per tree, not eager ops."""
     log_q = jnp.zeros((*tokens.shape, logits.shape[-1]))  # unread at temperature 0
     round_ = TreeRound(logits, log_q, tokens, shape.children, shape.depth)
     path, n, _, _, tested = tree_rule.verify_tree(jax.random.PRNGKey(0), round_, SamplingConfig())
-    return np.asarray(n), np.asarray(path), np.asarray(tested)
+    return path, n, tested
 
 
 def test_expected_tokens_is_exact_for_widths_trees():
