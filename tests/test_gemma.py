@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import pathlib
 
@@ -82,10 +83,14 @@ def _reference(directory: pathlib.Path, ids: np.ndarray) -> np.ndarray:
 
 
 def _logits(config: GemmaConfig, params, ids: np.ndarray) -> np.ndarray:
-    model = GemmaLM(config)
-    state = model.init_state(params, {"prompt": jnp.asarray(ids, jnp.int32)}, ids.shape[1])
-    logits, _ = model.extend(params, state, jnp.asarray(ids, jnp.int32))
-    return np.asarray(logits)
+    return np.asarray(_prefill(GemmaLM(config), params, jnp.asarray(ids, jnp.int32)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _prefill(model, params, tokens):
+    """One prefill, jitted (the model is static, hashable by config), not op by op eagerly."""
+    state = model.init_state(params, {"prompt": tokens}, tokens.shape[1])
+    return model.extend(params, state, tokens)[0]
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

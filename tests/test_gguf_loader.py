@@ -9,6 +9,8 @@ for truncated / corrupt files, unsupported architectures, and missing or mis-sha
 
 from __future__ import annotations
 
+import functools
+
 import gguf
 import jax
 import jax.numpy as jnp
@@ -246,9 +248,15 @@ def test_forward_matches_transformers(tmp_path, arch):
     assert config.tie_word_embeddings == (arch == "llama")
     assert config.qkv_bias == (arch == "qwen2")
     lm = DecoderLM(config)
-    batch = {"prompt": jnp.asarray(tokens, jnp.int32)}
-    logits, _ = lm.extend(params, lm.init_state(params, batch, 16), batch["prompt"])
+    logits = _prefill(lm, params, jnp.asarray(tokens, jnp.int32))
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _prefill(lm, params, tokens):
+    """One prefill, jitted (the model static, hashable by config): one program, not op by op."""
+    batch = {"prompt": tokens}
+    return lm.extend(params, lm.init_state(params, batch, 16), tokens)[0]
 
 
 def test_config_from_metadata(tmp_path):

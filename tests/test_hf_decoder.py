@@ -8,6 +8,7 @@ is the oracle for our logits. torch and transformers are test oracles only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -75,11 +76,15 @@ def saved(tmp_path_factory) -> dict[str, pathlib.Path]:
 
 
 def _logits(config, params, ids: np.ndarray) -> np.ndarray:
-    model = DecoderLM(config)
-    state = model.init_state(params, {"prompt": jnp.asarray(ids, jnp.int32)}, ids.shape[1])
+    return np.asarray(_apply_decoder(DecoderLM(config), params, jnp.asarray(ids, jnp.int32)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply_decoder(model, params, ids):
+    """One decoder pass, jitted (the model static, hashable by config): one program, not op by op."""
+    state = model.init_state(params, {"prompt": ids}, ids.shape[1])
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    logits, _ = model.apply_decoder(params, state, jnp.asarray(ids, jnp.int32), positions)
-    return np.asarray(logits)
+    return model.apply_decoder(params, state, ids, positions)[0]
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n != "qwen2_draft"])

@@ -1,5 +1,7 @@
 """process_logits and the acceptance rule: exact output distributions."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,8 +142,14 @@ def test_verify_identical_distributions_always_accept():
     """p == q: the residual is zero; every draft must be accepted and nothing divides by zero."""
     cfg = SamplingConfig(temperature=1.0)
     logits = jnp.broadcast_to(TARGET[0], (5000, 4, V))
-    tokens, _ = sampling.sample(jax.random.PRNGKey(1), logits[:, :3], cfg)
-    n, nxt = sampling.verify(jax.random.PRNGKey(2), logits, logits[:, :3], tokens, cfg)
+
+    # draw and verify jitted together (cfg static, as in the decode loop): one program, not op by op
+    @functools.partial(jax.jit, static_argnums=1)
+    def draw_and_verify(logits, cfg):
+        tokens, _ = sampling.sample(jax.random.PRNGKey(1), logits[:, :3], cfg)
+        return sampling.verify(jax.random.PRNGKey(2), logits, logits[:, :3], tokens, cfg)
+
+    n, nxt = draw_and_verify(logits, cfg)
     assert np.all(np.asarray(n) == 3)
     assert np.all((np.asarray(nxt) >= 0) & (np.asarray(nxt) < V))
 
@@ -401,17 +409,29 @@ def test_greedy_tokens_match_argmax():
         np.full((2, 7), -np.inf),
         np.array([[1.0, np.nan, 3.0, np.nan], [np.inf, 1, np.inf, 0], [-0.0, 0.0, -1, -2]]),
     ]
+
+    # The three calls jitted together: one program per case and dtype, not op by op eagerly.
+    @jax.jit
+    def greedy(x):
+        tokens, log_probs = sampling.sample(jax.random.PRNGKey(0), x, SamplingConfig())
+        return (
+            tokens,
+            log_probs,
+            jnp.argmax(x, axis=-1),
+            sampling.process_logits(x, SamplingConfig()),
+        )
+
     for logits in cases:
         for dtype in (jnp.float32, jnp.bfloat16):
             x = jnp.asarray(logits, dtype)
-            tokens, log_probs = sampling.sample(jax.random.PRNGKey(0), x, SamplingConfig())
-            np.testing.assert_array_equal(tokens, jnp.argmax(x, axis=-1))
+            tokens, log_probs, argmax, processed = greedy(x)
+            np.testing.assert_array_equal(tokens, argmax)
             assert tokens.dtype == jnp.int32
             np.testing.assert_array_equal(
                 log_probs,
                 np.where(np.arange(x.shape[-1]) == np.asarray(tokens)[..., None], 0, -np.inf),
             )
-            np.testing.assert_array_equal(log_probs, sampling.process_logits(x, SamplingConfig()))
+            np.testing.assert_array_equal(log_probs, processed)
 
 
 def test_verify_greedy_matches_one_hot_definition():

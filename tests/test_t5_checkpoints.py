@@ -24,7 +24,7 @@ CONFIG = helpers.tiny_t5_config(40, emb=16, heads=2, encoder_layers=2, decoder_l
 
 @pytest.fixture(scope="module")
 def params():
-    return t5.T5(CONFIG).init_params(jax.random.PRNGKey(0))
+    return helpers.init_params(t5.T5(CONFIG), 0)  # one compiled init, not op by op eagerly
 
 
 def write_t5x_checkpoint(directory, params, inline=("scale",), dtype=np.float32):

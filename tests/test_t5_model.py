@@ -130,7 +130,9 @@ def test_extend_equals_teacher_forcing_at_ragged_positions(length):
     full = np.asarray(jax.jit(model.forward)(params, enc, dec))  # one pass, no cache
 
     extend = jax.jit(model.extend)
-    state = model.init_state(params, {"encoder_input_tokens": enc}, total + 4)
+    # the encoder pass that fills the state, jitted too (one program, not op by op eagerly)
+    init_state = jax.jit(model.init_state, static_argnums=2)
+    state = init_state(params, {"encoder_input_tokens": enc}, total + 4)
     # Fill every row with a long prefix, then roll rows back to different positions (as after
     # rejected drafts): stale cache entries past the index must not leak into the result.
     _, state = extend(params, state, dec[:, :12])

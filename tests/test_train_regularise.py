@@ -80,15 +80,18 @@ def test_decoding_never_pays_for_dropout():
 
 
 def test_label_smoothing_and_z_loss_against_hand_computed_values():
+    # jitted (the two settings static, as in the train step): one program per shape and setting
+    # instead of every op compiled on its own
+    token_losses = jax.jit(objective.token_losses, static_argnums=(2, 3))
     # Uniform logits over 4 ids: cross-entropy log 4 whatever the target distribution; T5X's
     # constant is the smoothed target's entropy, -(0.9 log 0.9 + 3 (0.1/3) log(0.1/3)).
     logits, targets = jnp.zeros((1, 1, 4)), jnp.array([[2]])
     constant = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1 / 3))
     assert objective.smoothing_constant(0.1, 4) == pytest.approx(constant)
     assert constant == pytest.approx(0.434944, abs=1e-6)
-    got = objective.token_losses(logits, targets, label_smoothing=0.1)
+    got = token_losses(logits, targets, 0.1)
     np.testing.assert_allclose(got, [[math.log(4) - 0.434944]], atol=1e-6)  # 0.951350
-    got = objective.token_losses(logits, targets, label_smoothing=0.1, z_loss=1e-4)
+    got = token_losses(logits, targets, 0.1, 1e-4)
     np.testing.assert_allclose(got, [[math.log(4) - 0.434944 + 1e-4 * math.log(4) ** 2]], atol=1e-6)
     # Arbitrary logits: -sum(soft * log_softmax) - constant + z * logZ^2, written out in numpy
     rng = np.random.default_rng(0)
@@ -97,13 +100,14 @@ def test_label_smoothing_and_z_loss_against_hand_computed_values():
     soft = np.where(np.eye(5)[targets] > 0, 0.8, 0.2 / 4)
     log_z = np.log(np.exp(logits).sum(-1))
     want = -(soft * (logits - log_z[..., None])).sum(-1) - objective.smoothing_constant(0.2, 5)
-    got = objective.token_losses(jnp.asarray(logits), jnp.asarray(targets), 0.2, 1e-3)
+    got = token_losses(jnp.asarray(logits), jnp.asarray(targets), 0.2, 1e-3)
     np.testing.assert_allclose(got, want + 1e-3 * log_z**2, rtol=1e-5)
     # predicting the smoothed targets exactly scores 0, as a perfect unsmoothed prediction does
-    np.testing.assert_allclose(objective.token_losses(jnp.log(soft), targets, 0.2), 0, atol=1e-5)
-    # both off: optax's cross-entropy, bit for bit (existing runs train as before)
-    plain = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    np.testing.assert_array_equal(objective.token_losses(logits, targets), plain)
+    np.testing.assert_allclose(token_losses(jnp.log(soft), targets, 0.2), 0, atol=1e-5)
+    # both off: optax's cross-entropy, bit for bit (existing runs train as before); jitted both,
+    # as the train step runs them
+    plain = jax.jit(optax.softmax_cross_entropy_with_integer_labels)(logits, targets)
+    np.testing.assert_array_equal(token_losses(logits, targets), plain)
 
 
 def test_rsqrt_schedule_is_t5x_constant_times_rsqrt_decay():
