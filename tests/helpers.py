@@ -62,6 +62,19 @@ def init_params(model, seed: int):
     return _init_params(model, jax.random.PRNGKey(seed))
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _prefill_logits(model, params, tokens, max_len):
+    state = model.init_state(params, {"prompt": tokens}, max_len)
+    return model.extend(params, state, tokens)[0]
+
+
+def prefill_logits(model, params, tokens, max_len: int | None = None) -> jax.Array:
+    """[B, L, V] logits of a decoder-only model's prefill of tokens [B, L] into a cache of max_len
+    slots (default L), as one program compiled per model config and shape, not op by op."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    return _prefill_logits(model, params, tokens, max_len or tokens.shape[1])
+
+
 def tiny_t5_config(
     vocab: int,
     emb: int = 32,

@@ -1,7 +1,5 @@
 """DecoderLM: cached extend == one full pass, and logits == transformers' PyTorch LLaMA / Qwen2."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,11 +136,5 @@ def test_logits_match_transformers(family):
     with torch.no_grad():
         expected = hf_model(torch.tensor(tokens)).logits.numpy()
     # The prefill jitted (the model static, hashable by config): one program, not op by op.
-    ours = _prefill(model, params, jnp.asarray(tokens, jnp.int32), 16)
+    ours = helpers.prefill_logits(model, params, tokens, 16)
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _prefill(model, params, tokens, max_len):
-    state = model.init_state(params, {"prompt": tokens}, max_len)
-    return model.extend(params, state, tokens)[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import pathlib
 
@@ -83,14 +82,7 @@ def _reference(directory: pathlib.Path, ids: np.ndarray) -> np.ndarray:
 
 
 def _logits(config: GemmaConfig, params, ids: np.ndarray) -> np.ndarray:
-    return np.asarray(_prefill(GemmaLM(config), params, jnp.asarray(ids, jnp.int32)))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _prefill(model, params, tokens):
-    """One prefill, jitted (the model is static, hashable by config), not op by op eagerly."""
-    state = model.init_state(params, {"prompt": tokens}, tokens.shape[1])
-    return model.extend(params, state, tokens)[0]
+    return np.asarray(helpers.prefill_logits(GemmaLM(config), params, ids))
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

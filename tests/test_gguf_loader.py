@@ -9,8 +9,6 @@ for truncated / corrupt files, unsupported architectures, and missing or mis-sha
 
 from __future__ import annotations
 
-import functools
-
 import gguf
 import jax
 import jax.numpy as jnp
@@ -20,6 +18,7 @@ import pytest
 from speculative.checkpoints import load_gguf
 from speculative.models.decoder import DecoderLM
 from tests import gguf_testutil as gt
+from tests import helpers
 
 Q = gguf.GGMLQuantizationType
 # E is a multiple of 256 so that K-quant blocks fit a row.
@@ -248,15 +247,8 @@ def test_forward_matches_transformers(tmp_path, arch):
     assert config.tie_word_embeddings == (arch == "llama")
     assert config.qkv_bias == (arch == "qwen2")
     lm = DecoderLM(config)
-    logits = _prefill(lm, params, jnp.asarray(tokens, jnp.int32))
+    logits = helpers.prefill_logits(lm, params, tokens, 16)
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _prefill(lm, params, tokens):
-    """One prefill, jitted (the model static, hashable by config): one program, not op by op."""
-    batch = {"prompt": tokens}
-    return lm.extend(params, lm.init_state(params, batch, 16), tokens)[0]
 
 
 def test_config_from_metadata(tmp_path):

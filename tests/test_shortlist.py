@@ -3,8 +3,6 @@ drafts/shortlist.py): the head's logits, the frequency ranking, and exactness of
 (greedy identity with plain decoding, ragged rows, EOS mid-block, gamma 1 and 8; chi-square at
 T = 1, top-k and top-p)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,14 +18,7 @@ V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, batch: conf
 
 
 def _logits(model, params, tokens):
-    return np.asarray(_extend(model, params, tokens))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _extend(model, params, tokens):
-    """One prefill, jitted (the model is static, hashable by config), not op by op eagerly."""
-    state = model.init_state(params, {"prompt": tokens}, tokens.shape[1])
-    return model.extend(params, state, tokens)[0]
+    return np.asarray(helpers.prefill_logits(model, params, tokens))
 
 
 @pytest.mark.parametrize("tied", [False, True])
