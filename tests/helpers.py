@@ -75,6 +75,13 @@ def prefill_logits(model, params, tokens, max_len: int | None = None) -> jax.Arr
     return _prefill_logits(model, params, tokens, max_len or tokens.shape[1])
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def drafter_init(drafter, params, batch, config):
+    """`drafter.init(params, batch, config)`, the draft's real prefill, as one program compiled per
+    drafter and DecodeConfig instead of op by op."""
+    return drafter.init(params, batch, config)
+
+
 def tiny_t5_config(
     vocab: int,
     emb: int = 32,

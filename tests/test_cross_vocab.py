@@ -458,10 +458,7 @@ def test_the_draft_reads_the_prompt_text_in_its_own_tokens(trained_pair):
     ]
     assert any(s != o for s, o in zip(spelled, own))  # the old path would feed other tokens
     config = decoding.DecodeConfig(V_MAX_LEN, (target_vocab.eos_id,), SamplingConfig(), 3)
-    # The real prefill, jitted (drafter and config static): one program, not op by op eagerly.
-    state = jax.jit(lambda d, p, b, c: d.init(p, b, c), static_argnums=(0, 3))(
-        drafter, params, batch, config
-    )
+    state = helpers.drafter_init(drafter, params, batch, config)
     np.testing.assert_array_equal(state.base, [len(o) for o in own])  # x_1 after the prompt
     np.testing.assert_array_equal(state.tail, [o[-1] for o in own])
     kwargs = dict(max_decode_len=V_MAX_LEN, eos_id=target_vocab.eos_id)

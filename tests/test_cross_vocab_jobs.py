@@ -61,8 +61,7 @@ def test_the_memory_report_counts_weights_cache_and_tables(drafter):
     def nbytes(tree) -> int:
         return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
 
-    # The real prefill, jitted: one program per draft instead of an eager pass op by op.
-    init = jax.jit(lambda d, p, b, c: d.init(p, b, c), static_argnums=(0, 3))
+    init = helpers.drafter_init  # the real prefill, compiled once per draft
     for model in (
         drafter.model,
         type(drafter.model)(dataclasses.replace(drafter.model.config, max_seq_len=40)),
