@@ -70,6 +70,9 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
         assert cell["plain_mean_output_tokens"] == sum(cell["plain_batch_tokens"]) / 4
         assert cell["c"] == pytest.approx(cell["draft_step_s"] / cell["target_step_s"])
         assert cell["optimal_gamma"] == metrics.optimal_gamma(cell["alpha"], cell["c"])
+        assert cell["cost_model_optimal_gamma"] == metrics.cost_model_optimal_gamma(
+            cell["alpha"], cell["target_step_s"], cell["draft_step_s"], cell["target_extend_s"]
+        )
         assert [p["gamma"] for p in cell["points"]] == [2, 3]
         for p in cell["points"]:
             assert p["speedup"] == pytest.approx(p["speculative_tok_s"] / p["plain_tok_s"])

@@ -8,6 +8,7 @@ import pytest
 
 from speculative.errors import JobError
 from speculative.measure import report as benchmark_report
+from tests import helpers
 
 
 def _cell(batch: int, speedups: dict[int, float], temperature: float = 0.0) -> dict:
@@ -114,3 +115,15 @@ def test_a_point_without_an_interval_prints_n_a_not_a_zero_width_one():
     point = {"speedup_mean": 1.04, "speedup_ci95": [0.98, 1.1]}
     assert benchmark_report.ci_text(point) == "1.04x [0.98, 1.10]"
     assert benchmark_report.ci_text({"speedup": 1.0}) == ""  # recorded before intervals
+
+
+def test_the_table_prints_the_cost_models_gamma_beside_the_theorems(capsys):
+    """The batch-8 run: the theorem charges one step per verify call and says gamma 5; the cost
+    model charges the measured 48-row call (2.06 steps) and says 3, the run's best."""
+    path = helpers.ROOT / "benchmarks/issue39_batch8/benchmark.json"
+    benchmark_report.print_table(benchmark_report.read_benchmark(path))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "optimal gamma" in line]
+    assert len(lines) == 1
+    assert lines[0].endswith(
+        "optimal gamma (Thm 3.8) 5; with the measured verify calls (cost model) 3"
+    )

@@ -1,7 +1,10 @@
+import json
+
 import numpy as np
 import pytest
 
 from speculative.measure import metrics
+from tests import helpers
 
 
 def test_expected_tokens_and_speedup_match_paper_formulas():
@@ -30,6 +33,33 @@ def test_optimal_gamma_is_the_integer_argmax():
         assert best == int(np.argmax(values)) + 1
     # The paper's Figure 3 regime: high alpha and cheap drafts favour long blocks.
     assert metrics.optimal_gamma(0.9, 0.01) > metrics.optimal_gamma(0.6, 0.01)
+
+
+def test_cost_model_optimal_gamma_charges_the_measured_verify_calls():
+    step, draft = 0.2, 0.01
+    # Every verify call at one step: the theorem's answer, within the measured gammas.
+    flat = {g + 1: step for g in range(1, 41)}
+    for alpha in (0.6, 0.8, 0.9):
+        theorem = metrics.optimal_gamma(alpha, draft / step, max_gamma=40)
+        assert metrics.cost_model_optimal_gamma(alpha, step, draft, flat) == theorem
+    # Rows that cost more from 5 on: the long blocks the theorem likes no longer pay.
+    steep = {g + 1: step * (1.0 if g < 5 else 2.0) for g in range(1, 41)}
+    assert metrics.optimal_gamma(0.9, draft / step, max_gamma=40) > 4
+    assert metrics.cost_model_optimal_gamma(0.9, step, draft, steep) == 4
+    with pytest.raises(ValueError, match="2 or more tokens"):
+        metrics.cost_model_optimal_gamma(0.9, step, draft, {1: step})
+
+
+def test_cost_model_optimal_gamma_of_the_batch_8_run_is_the_measured_best():
+    """benchmarks/issue39_batch8: the theorem says gamma 5, the run's best was gamma 3 (its verify
+    call of 48 rows costs 2.06 steps), and the cost model with the measured calls says 3."""
+    result = json.loads((helpers.ROOT / "benchmarks/issue39_batch8/benchmark.json").read_text())
+    (cell,) = result["cells"]
+    best = max(cell["points"], key=lambda p: p["speedup"])["gamma"]
+    chosen = metrics.cost_model_optimal_gamma(
+        cell["alpha"], cell["target_step_s"], cell["draft_step_s"], cell["target_extend_s"]
+    )
+    assert (cell["optimal_gamma"], chosen, best) == (5, 3, 3)
 
 
 def test_summarize_pools_over_verified_positions():

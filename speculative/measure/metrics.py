@@ -6,7 +6,7 @@ c: cost of one draft step divided by one target step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -48,6 +48,25 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     gammas = np.arange(1, max_gamma + 1)
     speedups = [predicted_speedup(alpha, int(g), c) for g in gammas]
     return int(gammas[int(np.argmax(speedups))])
+
+
+def cost_model_optimal_gamma(
+    alpha: float, target_step_s: float, draft_step_s: float, verify_s: Mapping[int, float]
+) -> int:
+    """The gamma maximising `cost_model_speedup` with Eq. 1's tau, over the gammas whose verify
+    call was measured: verify_s maps tokens scored (gamma + 1) to seconds. Where a verify call of
+    many rows costs more than a step (a batch of 8 on a CPU), this is the gamma to run, and it
+    can be far below `optimal_gamma`, which charges one step for any verify call."""
+    gammas = sorted(int(n) - 1 for n in verify_s if int(n) > 1)
+    if not gammas:
+        raise ValueError("cost_model_optimal_gamma needs a verify call of 2 or more tokens")
+    lookup = {int(n): t for n, t in verify_s.items()}
+
+    def speedup(g: int) -> float:
+        tau = expected_tokens_per_call(alpha, g)
+        return cost_model_speedup(tau, g, target_step_s, draft_step_s, lookup[g + 1])
+
+    return max(gammas, key=speedup)
 
 
 def position_betas(

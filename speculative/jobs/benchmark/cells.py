@@ -182,6 +182,14 @@ def measure_cell(
         "c": first["c"],
         "draft_step_s": first_point.draft_step_s,
         "optimal_gamma": first["optimal_gamma"],
+        # The same alpha with each swept verify call's measured cost: the gamma to run where a
+        # verify call costs more than a step (large batches on a CPU).
+        "cost_model_optimal_gamma": metrics.cost_model_optimal_gamma(
+            first["alpha"],
+            costs["target_step_s"],
+            first_point.draft_step_s,
+            costs["target_extend_s"],
+        ),  # fmt: skip
         **extra,
         "points": [dataclasses.asdict(p) for p in points],
     }
