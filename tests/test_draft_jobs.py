@@ -168,8 +168,7 @@ def test_lenience_at_temperature_zero_is_ignored_and_said_once(caplog):
     caplog.set_level(logging.INFO, logger="speculative")
 
     cfg = _infer_config(lenience=0.5)
-    settings.validate(cfg)
-    s = settings.resolve(cfg)
+    s = settings.resolve(cfg, settings.validate(cfg))
     assert s.lenience == 1.0 and s.exact  # greedy verification: exact whatever l is
     assert caplog.text.count("lenience 0.5 is ignored at temperature 0") == 1
     assert "LOSSY" not in caplog.text

@@ -37,9 +37,9 @@ def run(cfg: InferConfig) -> dict[str, Any]:
 
     Weights are loaded only when there is something to decode or measure.
     """
-    settings.validate(cfg)
+    spec = settings.validate(cfg)
     job_spmd.start_distributed(cfg.multi_host)
-    s = settings.resolve(cfg, job_spmd.make_partitioner(cfg.partitioner))
+    s = settings.resolve(cfg, spec, job_spmd.make_partitioner(cfg.partitioner))
     job_spmd.check_batch(s.models.partitioner, s.run.batch_size, "BATCH_SIZE")
     examples = batches.load_examples(s.inputs)
     vocabulary = ml.load_vocabulary(s.models.vocabulary, "vocabulary")

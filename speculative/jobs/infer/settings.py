@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 SLOT = "speculative.InferConfig."  # what a spec bound to the wrong slot is named by
 
 
-def validate(cfg: InferConfig) -> None:
-    """Raises JobError for a config the job cannot run (before any weight or input is read)."""
+def validate(cfg: InferConfig) -> decoding.SpeculationSpec | None:
+    """Raises JobError for a config the job cannot run (before any weight or input is read);
+    returns the speculation spec it checked (`spec_of`), which `resolve` takes as it is."""
     common.check_required(cfg, ("target", "vocabulary", "output_dir"))
     ml.validate_model_spec(cfg.target, "target", SLOT + "target", model_only=True)
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary", SLOT + "vocabulary")
@@ -57,6 +58,7 @@ def validate(cfg: InferConfig) -> None:
         raise JobError(
             "DISTRIBUTED (multi_host) needs a PARTITIONER mesh over every host's devices"
         )
+    return spec
 
 
 def _is_count(value: Any) -> bool:
@@ -264,8 +266,7 @@ class Settings:
         )
 
 
-def _speculation(cfg: InferConfig) -> Speculation | None:
-    spec = spec_of(cfg)
+def _speculation(cfg: InferConfig, spec: decoding.SpeculationSpec | None) -> Speculation | None:
     if spec is None:
         return None
     planning = None
@@ -283,12 +284,15 @@ def _speculation(cfg: InferConfig) -> Speculation | None:
     )
 
 
-def resolve(cfg: InferConfig, partitioner: Any = None) -> Settings:
-    """The Settings of a validated InferConfig; partitioner: the mesh made from cfg.partitioner."""
+def resolve(
+    cfg: InferConfig, spec: decoding.SpeculationSpec | None, partitioner: Any = None
+) -> Settings:
+    """The Settings of a validated InferConfig; spec: what `validate` returned for it;
+    partitioner: the mesh made from cfg.partitioner."""
     inputs = common.group(Inputs, cfg, feature_lengths=dict(cfg.feature_lengths))
     run = common.group(Run, cfg, output_dir=output_location(cfg.output_dir))
     models = Models(cfg.target, cfg.vocabulary, partitioner, cfg.multi_host)
-    return Settings(models, inputs, _speculation(cfg), run)
+    return Settings(models, inputs, _speculation(cfg, spec), run)
 
 
 # ------------------------------------------------------------------------------------------------
