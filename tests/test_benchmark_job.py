@@ -19,7 +19,7 @@ from speculative import benchmark
 from speculative.jobs.benchmark import settings as bench_settings
 from speculative.jobs.benchmark import setup as bench_setup
 from speculative.loading import specs as ml
-from speculative.measure import bootstrap, memory, metrics
+from speculative.measure import bootstrap, memory, metrics, plots
 from speculative.measure import report as benchmark_report
 from speculative.outputs import summaries
 from speculative.parallel import partitioning
@@ -120,7 +120,7 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
             assert p["plain_compile_s"] > 0 and p["speculative_compile_s"] > 0
             assert p["greedy_identical_to_plain"] is True  # temperature 0
             assert p["speculative_tokens"] == p["plain_tokens"]
-    for name in benchmark_report.PLOTS:
+    for name in plots.PLOTS:
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
     table = benchmark_report.markdown_table(on_disk)  # the report reads the JSON alone
@@ -216,13 +216,12 @@ def test_a_sweep_cut_short_leaves_a_result_marked_partial(tmp_path, monkeypatch)
     """Killed (here: interrupted) after its first cell: benchmark.json holds that cell and says
     "complete": false, and nothing of an earlier run (its benchmark.json, its plots) is left."""
     from speculative.jobs.benchmark import cells
-    from speculative.measure import report as benchmark_report
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "bench"
     out.mkdir()
     (out / "benchmark.json").write_text('{"complete": true, "cells": ["an earlier run"]}')
-    for name in benchmark_report.PLOTS:
+    for name in plots.PLOTS:
         (out / name).write_bytes(PNG)
     measured = cells.measure_cell
 
@@ -244,4 +243,4 @@ def test_a_sweep_cut_short_leaves_a_result_marked_partial(tmp_path, monkeypatch)
     partial = json.loads((out / "benchmark.json").read_text())
     assert partial["complete"] is False and len(partial["cells"]) == 1
     assert partial["cells"][0]["temperature"] == 0.0
-    assert not any((out / name).exists() for name in benchmark_report.PLOTS)
+    assert not any((out / name).exists() for name in plots.PLOTS)

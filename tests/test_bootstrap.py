@@ -133,7 +133,7 @@ def test_a_benchmark_of_one_repeat_writes_null_and_reports_it(tmp_path, monkeypa
     """The benchmark job at REPEATS = 1: benchmark.json holds null, and its table and plots are
     made from it (no zero-width interval anywhere)."""
     from speculative import benchmark
-    from speculative.measure import report as benchmark_report
+    from speculative.measure import plots
 
     root = pathlib.Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)
@@ -158,5 +158,5 @@ def test_a_benchmark_of_one_repeat_writes_null_and_reports_it(tmp_path, monkeypa
     assert point["speedup_ci95"] is None and point["speedup_mean"] > 0
     printed = capsys.readouterr().out  # the table: no "1.23x [1.23, 1.23]" made up for it
     assert f"{point['speedup_mean']:.2f}x [{point['speedup_mean']:.2f}" not in printed
-    for name in benchmark_report.PLOTS:
+    for name in plots.PLOTS:
         assert (out / name).stat().st_size > 0

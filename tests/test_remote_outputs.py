@@ -25,7 +25,7 @@ from speculative import infer, train, train_head
 from speculative.config import gin_flags
 from speculative.errors import JobError
 from speculative.jobs import spmd as job_spmd
-from speculative.measure import report as benchmark_report
+from speculative.measure import plots
 from speculative.outputs import chunk_store, job_io, store_lock
 from speculative.outputs.storage import OutputDir
 from tests import helpers
@@ -307,11 +307,11 @@ def test_benchmark_plots_go_to_a_store_whole(store):
     point = {"gamma": 2, "speedup": 1.3, "alpha": 0.8, "acceptance_by_position": [0.9, 0.7]}
     cell = {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "alpha": 0.8, "c": 0.2}
     out = OutputDir(store).prepare()
-    paths = benchmark_report.plot({"cells": [{**cell, "points": [point]}]}, out)
-    assert paths == [f"{store}/{name}" for name in benchmark_report.PLOTS]
-    for name in benchmark_report.PLOTS:
+    paths = plots.plot({"cells": [{**cell, "points": [point]}]}, out)
+    assert paths == [f"{store}/{name}" for name in plots.PLOTS]
+    for name in plots.PLOTS:
         assert out.read_bytes(name).startswith(b"\x89PNG\r\n\x1a\n")
-    assert out.listdir("") == sorted(benchmark_report.PLOTS)  # no temporary files
+    assert out.listdir("") == sorted(plots.PLOTS)  # no temporary files
 
 
 @pytest.mark.slow  # two subprocess runs of the job (about 30 s on 2 cores)
@@ -357,7 +357,7 @@ def test_benchmark_job_writes_its_outputs_to_a_store(tmp_path, store):
         ]
     )  # fmt: skip
     out = OutputDir(store)
-    assert out.listdir("") == sorted(["benchmark.json", *benchmark_report.PLOTS])  # lock gone
+    assert out.listdir("") == sorted(["benchmark.json", *plots.PLOTS])  # lock gone
     assert json.loads(out.read_text("benchmark.json"))["cells"] == json.loads(
         json.dumps(result["cells"])
     )

@@ -21,6 +21,7 @@ from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup, batches_of, load, memory_shortfall, print_memory
 from speculative.jobs.config import BenchmarkConfig
 from speculative.loading import specs as ml
+from speculative.measure import plots
 from speculative.measure import report as benchmark_report
 from speculative.outputs import provenance, summaries
 from speculative.outputs.storage import OutputDir
@@ -58,7 +59,7 @@ def run_locked(
     hits). benchmark.json is rewritten whole (temp file + rename, or one put) after every cell."""
     setup = load(s)
     print_memory(setup, s)
-    for name in ("benchmark.json", *benchmark_report.PLOTS):  # an earlier run's results go first:
+    for name in ("benchmark.json", *plots.PLOTS):  # an earlier run's results go first:
         if out_dir.exists(name):  # nothing of it may stand beside this run's partial results
             out_dir.delete(name)
     result = header(s, setup)
@@ -93,7 +94,7 @@ def run_locked(
         raise JobError("no batch size fitted in memory; nothing was measured")
     result["complete"] = True
     out_dir.write_text("benchmark.json", json.dumps(result, indent=2))
-    benchmark_report.plot(result, out_dir)
+    plots.plot(result, out_dir)
     benchmark_report.print_table(result)
     log.info(f"wrote {out_dir}/benchmark.json and plots")
     return result
