@@ -115,6 +115,8 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
             tree = p["variant"] == "tree"
             assert p["tree"] == ([0, 0, 0, 1, 1] if tree else None)
             assert len(p["acceptance_by_position"]) == p["gamma"] or p["variant"] == "confident"
+            # Every round is charged its own rule's sampling work, the tree's and block's too.
+            assert p["round_sampling_s"] > 0
             if T == 0.0:  # exact greedy: plain's tokens, hence plain's score
                 assert p["greedy_identical_to_plain"] is True
                 assert p["target_mean_logprob"] == pytest.approx(

@@ -44,3 +44,20 @@ def test_measure_c_encoder_decoder_with_verify_lengths():
     assert result["c"] == pytest.approx(result["draft_step_s"] / result["target_step_s"])
     assert sorted(result["target_extend_s"]) == [2, 4]
     assert all(t > 0 for t in result["target_extend_s"].values())
+
+
+def test_sampling_round_time_runs_each_rule_on_its_own_round():
+    """A round's sampling work is timed through the rule it names (a chain's or a tree's): every
+    built-in rule's round runs, and a name no rule has is refused, not timed as the token rule."""
+    from speculative.decoding import acceptance
+    from speculative.decoding.sampling import SamplingConfig
+    from speculative.decoding.tree import TreeShape
+
+    sampled = SamplingConfig(temperature=1.0)
+    tree = TreeShape.from_widths((2, 1))
+    for name in acceptance.names(tree=False):
+        assert timing.sampling_round_time(2, 16, 3, sampled, name, repeats=1) > 0
+    for name in acceptance.names(tree=True):
+        assert timing.sampling_round_time(2, 16, 2, sampled, name, tree, repeats=1) > 0
+    with pytest.raises(ValueError, match="acceptance must be one of"):
+        timing.sampling_round_time(2, 16, 3, sampled, "no such rule", repeats=1)

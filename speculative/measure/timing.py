@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative.data import inputs
+from speculative.decoding import acceptance
 from speculative.decoding import sampling as sampling_lib
 from speculative.models import precision
 
@@ -183,23 +184,39 @@ def read_bandwidth(rows: int = 16384, cols: int = 8192, repeats: int = 10) -> fl
 
 
 def sampling_round_time(
-    batch_size: int, vocab_size: int, gamma: int, sampling: Any, repeats: int = 5
+    batch_size: int,
+    vocab_size: int,
+    gamma: int,
+    sampling: Any,
+    acceptance_rule: str = "token",
+    tree: Any = None,
+    lenience: float = 1.0,
+    repeats: int = 5,
 ) -> float:
-    """Median seconds of one speculative round's sampling work outside the models: gamma draft
-    samples from [B, V] logits and `verify_detailed` on [B, gamma + 1, V] target logits."""
+    """Median seconds of one speculative round's sampling work outside the models: the draft's
+    samples from [B, V] logits (gamma of them; a `TreeShape` tree's nodes) and their verification
+    by rule `acceptance_rule` on [B, N + 1, V] target logits, through `acceptance.verify` as the
+    decode loop calls it, so each rule (and a tree's) is charged its own work."""
+    nodes = gamma if tree is None else tree.size
 
     @jax.jit
     def round_sampling(rng, draft_logits, target_logits):
-        rngs = jax.random.split(rng, gamma + 1)
+        rngs = jax.random.split(rng, nodes + 1)
         tokens = jnp.stack(
-            [sampling_lib.sample(rngs[i], draft_logits[:, i], sampling)[0] for i in range(gamma)],
+            [sampling_lib.sample(rngs[i], draft_logits[:, i], sampling)[0] for i in range(nodes)],
             axis=1,
         )
-        return sampling_lib.verify_detailed(rngs[-1], target_logits, draft_logits, tokens, sampling)
+        # a tree's rule reads the log q each node was drawn from; a chain's the draft's logits
+        q = draft_logits if tree is None else jax.nn.log_softmax(draft_logits, axis=-1)
+        proposed = jnp.full((batch_size,), gamma, jnp.int32)
+        return acceptance.verify(
+            acceptance_rule, rngs[-1], target_logits, q, tokens, proposed,
+            sampling=sampling, lenience=lenience, tree=tree,
+        )  # fmt: skip
 
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    draft_logits = 3.0 * jax.random.normal(keys[0], (batch_size, gamma, vocab_size), jnp.float32)
-    target_logits = 3.0 * jax.random.normal(keys[1], (batch_size, gamma + 1, vocab_size))
+    draft_logits = 3.0 * jax.random.normal(keys[0], (batch_size, nodes, vocab_size), jnp.float32)
+    target_logits = 3.0 * jax.random.normal(keys[1], (batch_size, nodes + 1, vocab_size))
     rng = jax.random.PRNGKey(1)
     _, median, _ = time_call(lambda: round_sampling(rng, draft_logits, target_logits), repeats)
     return median

@@ -169,7 +169,8 @@ def measure_cell(
         "top_k": s.sweep.top_k,
         "top_p": s.sweep.top_p,
         "input_widths": [int(inputs.input_tokens(b).shape[1]) for b in batches],
-        **{k: v for k, v in costs.items() if k != "draft_costs"},
+        # each point holds its own round's sampling seconds (round_sampling_s)
+        **{k: v for k, v in costs.items() if k not in ("draft_costs", "sampling_round_s")},
         # Prefill included, so at batch 1 an upper bound on one plain step.
         "plain_s_per_token": points[0].plain_s / points[0].plain_tokens,
         # The one plain baseline's every timed run [batches][repeats], tokens per batch and per

@@ -16,7 +16,7 @@ from speculative import decoding
 from speculative.data import inputs
 from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
-from speculative.jobs.benchmark.settings import Settings
+from speculative.jobs.benchmark.settings import Settings, round_key
 from speculative.jobs.benchmark.setup import Setup
 from speculative.measure import runner, timing
 
@@ -182,9 +182,19 @@ def step_costs(setup: Setup, s: Settings, batch: dict[str, jax.Array]) -> dict[s
 
 
 def sampling_round_costs(
-    setup: Setup, s: Settings, batch: dict[str, jax.Array], sampling: SamplingConfig
-) -> dict[int, float]:
-    """Seconds of one round's sampling work outside the models, per gamma, at this batch size."""
+    setup: Setup, s: Settings, batch: dict[str, jax.Array], temperature: float
+) -> dict[tuple, float]:
+    """Seconds of one round's sampling work outside the models at this batch size, per round
+    the cell runs (`round_key`: each variant's rule, tree and lenience at each of its gammas)."""
     rows = inputs.input_tokens(batch).shape[0]
     vocab_size = setup.target.model.vocab_size
-    return {g: timing.sampling_round_time(rows, vocab_size, g, sampling) for g in s.sweep.gammas}
+    sampling = s.sweep.sampling(temperature)
+    costs = {}
+    for v in s.sweep.at(temperature):
+        for gamma in v.gammas:
+            key = round_key(v, gamma)
+            if key not in costs:
+                costs[key] = timing.sampling_round_time(
+                    rows, vocab_size, gamma, sampling, v.acceptance, v.tree, v.lenience
+                )
+    return costs

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from speculative.jobs.benchmark.harness import Timed
-from speculative.jobs.benchmark.settings import verify_tokens
+from speculative.jobs.benchmark.settings import round_key, verify_tokens
 from speculative.jobs.config import Variant
 from speculative.measure import bootstrap, metrics
 
@@ -29,12 +29,12 @@ class Point:
     models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
     round_s: measured seconds per speculative round (decode time without the prefills / rounds,
     a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
-    alone, gamma draft steps + one verify call + the round's sampling work.
+    alone, gamma draft steps + one verify call + the round's sampling work (round_sampling_s:
+    its draft samples and its own rule's verification, a tree's included, timed alone).
     greedy_identical_to_plain: None unless greedy and exact.
     variant / draft / lenience / exact / gamma_policy / acceptance / tree: the speculative setting
       (`Variant`; tree: its nodes' parents, gamma its depth, acceptance_by_position per depth,
-      predicted_speedup Thm 3.8's accounting with the measured tau, round_parts_s without the
-      sampling work);
+      predicted_speedup Thm 3.8's accounting with the measured tau);
     c / draft_step_s: its draft's. target_mean_logprob: the target's mean log-probability per
     generated token of these outputs (None unless BenchmarkConfig.score_outputs).
     draft_mass_outside: a draft with another tokenizer's probability (softmax of its own logits)
@@ -70,6 +70,7 @@ class Point:
     cost_model_speedup: float
     round_s: float
     round_parts_s: float
+    round_sampling_s: float
     greedy_identical_to_plain: bool | None
     variant: str = "default"
     draft: str = ""
@@ -118,13 +119,15 @@ def greedy_identical(plain: Timed, spec: Timed, greedy: bool, variant: Variant) 
 def _round_costs(
     variant: Variant, gamma: int, summary: Mapping[str, Any], costs: Mapping[str, Any]
 ) -> tuple[float, float, float]:
-    """(verify call seconds, Thm 3.8's predicted speedup, the round's sampling seconds)."""
+    """(verify call seconds, Thm 3.8's predicted speedup, the round's sampling seconds: its own
+    rule's and tree's, `harness.sampling_round_costs`)."""
     verify_s = costs["target_extend_s"][verify_tokens(variant, gamma)]
+    sampling_s = costs.get("sampling_round_s", {}).get(round_key(variant, gamma), 0.0)
     if variant.tree is None:
         predicted = metrics.predicted_speedup(summary["alpha"], gamma, costs["c"])
-        return verify_s, predicted, costs.get("sampling_round_s", {}).get(gamma, 0.0)
-    # a tree: no closed form in alpha, and no sampling timing for its round
-    return verify_s, metrics.speedup_from_tau(summary["tau"], gamma, costs["c"]), 0.0
+    else:  # a tree: no closed form in alpha
+        predicted = metrics.speedup_from_tau(summary["tau"], gamma, costs["c"])
+    return verify_s, predicted, sampling_s
 
 
 def speedup_spread(plain: Timed, spec: Timed) -> dict[str, Any]:
@@ -192,6 +195,7 @@ def make_point(
         ),
         round_s=spec_decode_s / max(rounds, 1),
         round_parts_s=gamma * costs["draft_step_s"] + verify_s + sampling_s,
+        round_sampling_s=sampling_s,
         greedy_identical_to_plain=greedy_identical(plain, spec, greedy, variant),
         variant=variant.name,
         draft=draft,

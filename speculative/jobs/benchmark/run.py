@@ -46,8 +46,7 @@ def measure_batch_size(setup: Setup, s: Settings, batch_size: int) -> Iterator[d
     batches = batches_of(setup, s, batch_size)
     costs = harness.step_costs(setup, s, batches[0])
     for temperature in s.sweep.temperatures:
-        sampling = s.sweep.sampling(temperature)
-        costs["sampling_round_s"] = harness.sampling_round_costs(setup, s, batches[0], sampling)
+        costs["sampling_round_s"] = harness.sampling_round_costs(setup, s, batches[0], temperature)
         yield cells.measure_cell(setup, batches, s, temperature, dict(costs))
 
 

@@ -155,6 +155,12 @@ def verify_tokens(variant: Variant, gamma: int) -> int:
     return gamma + 1 if variant.tree is None else variant.tree.size + 1
 
 
+def round_key(variant: Variant, gamma: int) -> tuple:
+    """What a round's sampling work depends on besides the batch: rule, tree, lenience, gamma
+    (the key of the costs' "sampling_round_s")."""
+    return variant.acceptance, variant.tree, float(variant.lenience), gamma
+
+
 def runs_at(variant: Variant, temperature: float) -> bool:
     return variant.temperatures is None or float(temperature) in variant.temperatures
 
