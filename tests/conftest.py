@@ -142,6 +142,10 @@ def pytest_unconfigure(config):
 # compile again what it had compiled already.
 FIRST = ("tests/test_spmd.py", "tests/test_job_spmd.py", "tests/test_seqio_process.py")
 LAST = ("tests/test_mutations.py",)
+# A renamed module would silently fall back to the default order (slower, never wrong): refuse.
+_ORDERED_MISSING = [p for p in FIRST + LAST if not (helpers.ROOT / p).is_file()]
+if _ORDERED_MISSING:
+    raise pytest.UsageError(f"tests/conftest.py FIRST / LAST name no module: {_ORDERED_MISSING}")
 
 
 def pytest_collection_modifyitems(session, config, items):
