@@ -12,6 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from speculative.measure import timing
+
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     """E[tokens per target call] = (1 - alpha^(gamma+1)) / (1 - alpha)  (Eq. 1)."""
@@ -57,16 +59,16 @@ def cost_model_optimal_gamma(
     call was measured: verify_s maps tokens scored (gamma + 1) to seconds. Where a verify call of
     many rows costs more than a step (a batch of 8 on a CPU), this is the gamma to run, and it
     can be far below `optimal_gamma`, which charges one step for any verify call."""
-    gammas = sorted(int(n) - 1 for n in verify_s if int(n) > 1)
-    if not gammas:
+    # keys are ints in memory, strings once read back from benchmark.json
+    by_gamma = {timing.verify_gamma(int(n)): t for n, t in verify_s.items() if int(n) > 1}
+    if not by_gamma:
         raise ValueError("cost_model_optimal_gamma needs a verify call of 2 or more tokens")
-    lookup = {int(n): t for n, t in verify_s.items()}
 
     def speedup(g: int) -> float:
         tau = expected_tokens_per_call(alpha, g)
-        return cost_model_speedup(tau, g, target_step_s, draft_step_s, lookup[g + 1])
+        return cost_model_speedup(tau, g, target_step_s, draft_step_s, by_gamma[g])
 
-    return max(gammas, key=speedup)
+    return max(sorted(by_gamma), key=speedup)
 
 
 def position_betas(
