@@ -6,10 +6,8 @@ jitted loop; speculative decoding must stay exact over the ids that remain.
 
 from __future__ import annotations
 
-import functools
 import logging
 
-import jax
 import numpy as np
 import pytest
 
@@ -43,13 +41,8 @@ def test_masked_model_is_hashable_and_never_scores_padding(masked_pair):
     assert tgt == ml.PaddingMasked(tgt.model, USED, 8) != ml.PaddingMasked(tgt.model, 5, 8)
     assert {tgt: 1}[ml.PaddingMasked(tgt.model, USED, 8)] == 1  # a usable static jit argument
     assert tgt.vocab_size == 8 and tgt.config is tgt.model.config
-
-    # jitted with the masked model static (one program, not eager op by op)
-    @functools.partial(jax.jit, static_argnums=0)
-    def prefill(model, params, batch):
-        return model.extend(params, model.init_state(params, batch, 8), batch["prompt"])[0]
-
-    logits = prefill(tgt, params, _repeated_prompt(2))
+    # one compiled prefill with the masked model static (hashable), not eager op by op
+    logits = helpers.prefill_logits(tgt, params, _repeated_prompt(2)["prompt"], 8)
     assert logits.shape[-1] == 8
     assert np.all(np.isneginf(np.asarray(logits[..., USED:])))
     assert np.all(np.isfinite(np.asarray(logits[..., :USED])))
