@@ -53,7 +53,7 @@ from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import shortlist, staged
 from speculative.loading import fetch
 from speculative.measure import runner, timing
-from speculative.models import decoder, precision
+from speculative.models import decoder, int8, precision
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
@@ -83,6 +83,9 @@ class Ours:
                 self.drafts[size] = (decoder.DecoderLM(config), params)
             else:
                 self.drafts[size] = (decoder.DecoderLM(d_cfg), d_params)
+            if args.draft_quantize == "int8":  # after the shortlist: its head is int8 too
+                model, params = self.drafts[size]
+                self.drafts[size] = (model, int8.quantize_params(params))
         self.load_s = time.perf_counter() - start
         self.width, self.args = width, args
         self.compiled: dict[Any, Any] = {}
@@ -159,9 +162,10 @@ def run(args) -> dict[str, Any]:
     )
 
     programs: list[tuple[str, str, Any]] = [("ours plain", "ours", None)]
+    int8_note = ", int8 draft" if args.draft_quantize == "int8" else ""
     programs += [
         (
-            f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else ""),
+            f"ours speculative gamma {g}" + (f", draft shortlist {s}" if s else "") + int8_note,
             "ours",
             (g, s, None, 0),
         )
@@ -170,7 +174,9 @@ def run(args) -> dict[str, Any]:
     ]
     programs += [
         (
-            f"ours staged gamma {g}, lookup {k}" + (f", draft shortlist {s}" if s else ""),
+            f"ours staged gamma {g}, lookup {k}"
+            + (f", draft shortlist {s}" if s else "")
+            + int8_note,
             "ours",
             (g, s, None, k),
         )
@@ -180,7 +186,7 @@ def run(args) -> dict[str, Any]:
     ]
     programs += [
         (
-            f"ours speculative tree {t}" + (f", draft shortlist {s}" if s else ""),
+            f"ours speculative tree {t}" + (f", draft shortlist {s}" if s else "") + int8_note,
             "ours",
             (None, s, t, 0),
         )
@@ -426,6 +432,12 @@ def main() -> None:
         default="auto",
         choices=["auto", "float32", "bfloat16"],
         help="ours: auto picks bfloat16 where the machine has bfloat16 matrix units",
+    )
+    parser.add_argument(
+        "--draft_quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="ours: int8 draft weights (models/int8.py; exact), for every speculative program",
     )
     parser.add_argument(
         "--hf_dtypes",

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-FEATURES = ("layer_skip", "shortlist", "feature_head")
+FEATURES = ("layer_skip", "shortlist", "feature_head", "int8")
 
 # (path, dtype, the spec's model or None) -> (model, params of dtype).
 Reader = Callable[[str, Any, Any], tuple[Any, Any]]

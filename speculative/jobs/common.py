@@ -19,6 +19,7 @@ from speculative.decoding.config import DecodeConfig
 from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.jobs import spmd as job_spmd
+from speculative.loading import draft_forms
 from speculative.loading import specs as ml
 from speculative.measure.memory import param_bytes, state_bytes
 from speculative.outputs.job_io import hold_output_dir
@@ -221,23 +222,20 @@ def cross_draft_parts(
     return cross_draft_bytes(loaded.model, mesh, *args, param_dtype)
 
 
-def with_shortlists(
+def prepare_drafts(
     models: LoadedModels,
     drafts: Sequence[tuple[str, Any]],
     vocabulary: vocab.Vocabulary,
     prompts: Sequence[Sequence[int]],
 ) -> LoadedModels:
-    """Each draft with the shortlist head its spec asks for, fitted to every prompt of the job,
-    and staged (prompt lookup proposing the draft model's tokens) where its spec asks; a draft
-    with its own tokenizer has its cache sized for the job's prompts (`fit_cross_prompts`)."""
-    shortlisted = tuple(
-        fit_cross_prompts(
-            ml.with_staging(ml.with_shortlist(loaded, spec, vocabulary, prompts, role), spec, role),
-            prompts,
-        )
+    """Each draft in the form its spec asks for (`loading.draft_forms.prepare`: a shortlist head
+    fitted to every prompt of the job, int8 weights, staging); a draft with its own tokenizer has
+    its cache sized for the job's prompts (`fit_cross_prompts`)."""
+    prepared = tuple(
+        fit_cross_prompts(draft_forms.prepare(loaded, spec, vocabulary, prompts, role), prompts)
         for loaded, (role, spec) in zip(models.drafts, drafts)
     )
-    return dataclasses.replace(models, drafts=shortlisted)
+    return dataclasses.replace(models, drafts=prepared)
 
 
 def fit_cross_prompts(loaded: ml.Loaded, prompts: Sequence[Sequence[int]]) -> ml.Loaded:

@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import gin
@@ -43,7 +42,7 @@ from speculative import vocab
 from speculative.checkpoints import best, families
 from speculative.checkpoints import sharded as sharded_checkpoints
 from speculative.decoding.drafter import Drafter
-from speculative.drafts import registry, shortlist, staged
+from speculative.drafts import registry
 from speculative.drafts.registry import DraftSpec  # speculative.DraftSpec; `ml.DraftSpec` too
 from speculative.errors import (
     LOADER_ERRORS,
@@ -55,7 +54,7 @@ from speculative.errors import (
     strip_path,
 )
 from speculative.loading import fetch
-from speculative.models import decoder, padding, precision
+from speculative.models import precision
 from speculative.models.base import LanguageModel
 from speculative.models.padding import PaddingMasked
 
@@ -86,6 +85,12 @@ class ModelSpec:
     # A draft's tokens proposed by prompt lookup, this many per draft-model call, and verified by
     # the draft model in one call (`drafts.staged`, staged drafting; exact); 0: one call a token.
     staged_lookahead: int = 0
+    # 'int8': a draft's projection and head kernels stored as int8 with per-channel scales, its
+    # rows quantised per call (`models.int8`): half the bytes a bfloat16 step streams, and exact
+    # like any draft (the rule sees the q it samples from). '': the weights in `dtype`. Drafts of
+    # the decoder-only families only: a target's is refused (it would change the distribution
+    # the output follows).
+    quantize: str = ""
 
 
 @gin.configurable(module="speculative")
@@ -179,6 +184,7 @@ def validate_model_spec(
             f"{role}: unknown dtype {spec.dtype!r} (float32, bfloat16, or 'auto': bfloat16 where "
             "the machine runs it faster)"
         ) from e
+    check_quantization(spec, role)
     needs_model = spec.format == "random" or families.needs_model(spec.format)
     if needs_model and not hasattr(spec.model, "init_params"):
         raise JobError(f"{role}: format {spec.format!r} needs ModelSpec.model (e.g. %MODEL)")
@@ -216,6 +222,8 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
         return registry.describe(spec)
     spec = resolved(spec)
     head = f", head shortlist {spec.shortlist}" if spec.shortlist else ""
+    if spec.quantize:
+        head += f", {spec.quantize} weights"
     if spec.staged_lookahead:
         head += f", staged by prompt lookup ({spec.staged_lookahead} a call)"
     if spec.format == "random":
@@ -225,47 +233,22 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
     return f"{spec.format}:{spec.path} ({spec.dtype}){extra}{head}"
 
 
-def with_shortlist(
-    draft: Loaded,
-    spec: Any,
-    vocabulary: vocab.Vocabulary,
-    prompts: Sequence[Sequence[int]],
-    role: str = "draft",
-) -> Loaded:
-    """`draft` with the shortlist head its ModelSpec asks for (`ModelSpec.shortlist` ids, the
-    prompts' ids among them); unchanged when the spec asks for none or is not a ModelSpec."""
-    size = getattr(spec, "shortlist", 0) if isinstance(spec, ModelSpec) else 0
-    if not size:
-        return draft
-    model, mask = padding.split(draft.model)
-    if not families.supports(model, "shortlist"):
+QUANTIZATIONS = ("", "int8")
+
+
+def check_quantization(spec: ModelSpec, role: str) -> None:
+    """JobError for a ModelSpec.quantize this project does not know, or on the target."""
+    if spec.quantize and role == "target":
         raise JobError(
-            f"shortlist needs a decoder-only draft, got {type(model).__name__}", role=role
+            "quantize is a draft's option: int8 target weights would make another model the "
+            "target (its outputs would follow the int8 model, not these weights)",
+            role=role,
         )
-    if not 1 <= size <= model.vocab_size:
-        raise JobError(f"shortlist must be in 1..{model.vocab_size}, got {size}", role=role)
-    try:
-        ids = shortlist.for_prompts(vocabulary, size, prompts, vocab_size=model.vocab_size)
-        config, params = decoder.restrict_head(model.config, draft.params, ids)
-    except ValueError as e:
-        raise JobError(f"shortlist: {e}", role=role) from e
-    restricted = mask(type(model)(config))
-    log.info(f"{role}: output head over {len(ids)} of {model.vocab_size} ids (shortlist)")
-    return Loaded(restricted, params, draft.description)  # describe(spec) names the shortlist
-
-
-def with_staging(draft: Loaded, spec: Any, role: str = "draft") -> Loaded:
-    """`draft` as a staged drafter (`drafts.staged.StagedDrafter`) when its ModelSpec asks for
-    one (`staged_lookahead` > 0); unchanged otherwise."""
-    lookahead = getattr(spec, "staged_lookahead", 0) if isinstance(spec, ModelSpec) else 0
-    if not lookahead:
-        return draft
-    if not isinstance(lookahead, int) or lookahead < 1:
-        raise JobError(f"staged_lookahead must be an int >= 0, got {lookahead!r}", role=role)
-    if getattr(draft.model, "is_encoder_decoder", False):
-        raise JobError("staged drafting needs a decoder-only draft model", role=role)
-    log.info(f"{role}: staged drafting, prompt lookup proposes {lookahead} tokens a draft call")
-    return Loaded(staged.StagedDrafter(draft.model, lookahead), draft.params, draft.description)
+    if spec.quantize not in QUANTIZATIONS:
+        raise JobError(
+            f"unknown ModelSpec.quantize {spec.quantize!r}; known: 'int8', or '' for none",
+            role=role,
+        )
 
 
 def build_draft(spec: DraftSpec, target: Loaded, role: str = "draft") -> Loaded:

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative.models import int8
+
 Params = Any
 Batch = dict[str, jax.Array]
 # `extend`'s tree: a static [L, L] bool ancestor matrix (module docstring); None, a causal block.
@@ -207,8 +209,11 @@ LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
 CACHE_SLACK = 32  # the least cache slack: plain and speculative round alike (docs/design.md §9)
 
 
-def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
+def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> jax.Array:
     """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
+
+    int8 kernel with its per-output-channel scale [N]: `models.int8.dense` (a draft's cheaper
+    route; float32 result).
 
     float32 kernel: one row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify
     block, a small batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N,
@@ -229,6 +234,8 @@ def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
+    if scale is not None:
+        return int8.dense(rows, kernel, scale).reshape(*lead, kernel.shape[0])
     m = rows.shape[0]
     low = kernel.dtype in LOW_PRECISION
     if m == 1 and not low:

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.models import attention, base, rope
+from speculative.models import attention, base, int8, rope
 from speculative.models.base import DecodeState
 
 
@@ -107,6 +107,14 @@ def _param(module: nn.Module, name: str, shape, axes, std: float, dtype=jnp.floa
     return module.param(name, init, shape, dtype)
 
 
+def int8_scale(module: nn.Module) -> jax.Array | None:
+    """The `kernel_scale` beside an int8 kernel in the module's parameters (`models.int8`; a
+    quantised draft's), flattened to [N]; None for a float kernel."""
+    if not module.has_variable("params", int8.SCALE):
+        return None
+    return module.get_variable("params", int8.SCALE).reshape(-1)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float, scaling: tuple = ()) -> jax.Array:
     """Rotary embedding, rotate-half convention. x: [B, L, H, D]; positions: [B, L].
 
@@ -163,7 +171,11 @@ class Projection(nn.Module):
         rows = x.reshape(*x.shape[: x.ndim - self.in_dims], fan_in)
         # The kernel keeps its dtype: `base.dense` takes bfloat16 kernels through the matrix units.
         flat = kernel.reshape(math.prod(out_shape), fan_in)
-        y = base.dense(rows, flat).astype(x.dtype).reshape(*rows.shape[:-1], *out_shape)
+        y = (
+            base.dense(rows, flat, int8_scale(self))
+            .astype(x.dtype)
+            .reshape(*rows.shape[:-1], *out_shape)
+        )
         if self.use_bias:
             y = y + _param(self, "bias", out_shape, self.axes[:split], 0.0).astype(x.dtype)
         return y
@@ -274,7 +286,7 @@ class LogitsDense(nn.Module):
         kernel = _param(
             self, "kernel", (self.vocab_size, x.shape[-1]), ("vocab", "embed"), x.shape[-1] ** -0.5
         )
-        return base.dense(x, kernel).astype(jnp.float32)
+        return base.dense(x, kernel, int8_scale(self)).astype(jnp.float32)
 
 
 class ShortlistHead(nn.Module):
@@ -303,7 +315,7 @@ class ShortlistHead(nn.Module):
             ),
             (self.head_tokens,),
         )
-        scores = base.dense(x, kernel).astype(jnp.float32)
+        scores = base.dense(x, kernel, int8_scale(self)).astype(jnp.float32)
         logits = jnp.full((*x.shape[:-1], self.vocab_size), -jnp.inf, jnp.float32)
         return logits.at[..., token_ids].set(scores, unique_indices=True, indices_are_sorted=True)
 

@@ -3,7 +3,7 @@
 Released checkpoints often pad their embedding table past the tokenizer (Qwen2.5: 151,936 rows over
 151,665 tokens). `model_loading.fit_vocabulary` wraps target and draft alike so that p and q both
 give the padding ids probability 0. Everything that changes a fitted model (a draft built from the
-target, `drafts.layer_skip`; a shortlist head, `model_loading.with_shortlist`) goes through `split`:
+target, `drafts.layer_skip`; a shortlist head, `loading.draft_forms.with_shortlist`) goes through `split`:
 the bare model to work on, and the function that masks a replacement alike. Kept apart from
 `model_loading` so that drafts can use it without importing the loaders.
 """

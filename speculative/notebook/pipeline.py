@@ -285,5 +285,5 @@ def load_pair(
             draft_vocabulary = vocab_spec(drafts[0][1])
     tokenizer = ml.load_vocabulary(vocabulary_spec)
     loaded = common.load_models(target_spec, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
-    loaded = common.with_shortlists(loaded, drafts, tokenizer, [])
+    loaded = common.prepare_drafts(loaded, drafts, tokenizer, [])
     return Pair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer)

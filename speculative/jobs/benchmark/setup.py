@@ -73,7 +73,7 @@ def load(s: Settings) -> Setup:
             f"{truncated} input(s) longer than {cap} tokens are truncated to their last {cap}"
         )
     ids = [e.ids for e in encoded]
-    drafts = common.with_shortlists(loaded, m.drafts, vocabulary, ids).drafts
+    drafts = common.prepare_drafts(loaded, m.drafts, vocabulary, ids).drafts
     width = inputs.bucket(max(len(x) for x in ids), cap)
     stop_ids = vocab.stop_ids(vocabulary)
     return Setup(

@@ -27,7 +27,7 @@ from speculative.drafts import shortlist, staged
 from speculative.errors import LOADER_ERRORS, JobError
 from speculative.loading import fetch
 from speculative.measure import metrics, runner, timing
-from speculative.models import decoder, precision
+from speculative.models import decoder, int8, precision
 from speculative.outputs import provenance
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,7 @@ def result_json(
         "draft": args.draft,
         "draft_shortlist": args.draft_shortlist,
         "staged_lookahead": args.staged,
+        "draft_quantize": args.draft_quantize,
         "batch_size": args.batch_size,
         "dtype": precision.resolve_dtype(args.dtype),
         "dtype_route": precision.resolve(args.dtype).reason,
@@ -282,6 +283,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise JobError(" ".join(str(e).split()), role="demo") from e
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
+    if args.draft_quantize == "int8":  # half the draft's weight bytes (models/int8.py); exact
+        params = int8.quantize_params(draft.params)
+        draft = dataclasses.replace(draft, name=f"{draft.name}, int8", params=params)
     tree = tuple(int(w) for w in args.tree.split(",")) if args.tree else None
     spec = decoding.SpeculationSpec(None if tree else args.gamma, tree)
     config = decoding.DecodeConfig.from_spec(

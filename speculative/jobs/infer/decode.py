@@ -64,7 +64,7 @@ def load_models(s: Settings, vocabulary: vocab.Vocabulary, ids: Sequence[Sequenc
     loaded = common.load_models(
         m.target, drafts, vocabulary, m.vocabulary, s.draft_vocabulary, m.partitioner
     )
-    loaded = common.with_shortlists(loaded, drafts, vocabulary, ids)
+    loaded = common.prepare_drafts(loaded, drafts, vocabulary, ids)
     draft = loaded.drafts[0] if loaded.drafts else None
     return Models(loaded.target, draft, loaded.vocab_padding)
 
