@@ -3,6 +3,7 @@ its independence of the row count, the parameter tree, the loader's `ModelSpec.q
 exactness of an int8 draft (greedy identity with plain decoding over ragged rows with an EOS
 mid-block at gamma 1 and 8; chi-square at T = 1 and top-p)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,9 +11,10 @@ import pytest
 from speculative import decoding
 from speculative.decoding.sampling import SamplingConfig
 from speculative.errors import JobError
+from speculative.jobs import common
 from speculative.loading import draft_forms
 from speculative.loading import specs as ml
-from speculative.models import decoder, int8
+from speculative.models import decoder, int8, precision
 from tests import helpers
 
 MAX_LEN = helpers.GREEDY_MAX_LEN
@@ -74,6 +76,13 @@ def test_quantize_params_converts_projections_and_the_head_only(tied):
     assert quantized["decoder_norm"]["scale"] is params["decoder_norm"]["scale"]
     with pytest.raises(ValueError, match="already int8"):
         int8.quantize_params(quantized)
+    if not tied:  # a shortlist cut from an int8 head keeps its rows' scales
+        ids = [0, 7, 8, 39]
+        _, cut = decoder.restrict_head(config, quantized, ids)
+        head = quantized["logits_dense"]
+        np.testing.assert_array_equal(
+            cut["logits_dense"][int8.SCALE], np.asarray(head[int8.SCALE])[ids]
+        )
 
     tokens = jnp.asarray([[5, 9, 2, 11, 30], [1, 1, 20, 3, 7]], jnp.int32)
     full = np.asarray(helpers.prefill_logits(model, params, tokens))
@@ -135,6 +144,15 @@ def test_the_loader_quantizes_what_the_spec_asks_and_refuses_the_rest(draft):
     assert "int8 weights" in ml.describe(spec)
     with pytest.raises(JobError, match="unknown ModelSpec.quantize 'int4'"):
         ml.validate_model_spec(ml.ModelSpec(format="random", model=model, quantize="int4"), "d")
+    with pytest.raises(JobError, match="runs on one device"):
+        ml.check_quantization(spec, "draft", partitioner=object())
+    ml.check_quantization(spec, "draft")  # one device: fine
+    # the memory lines count an int8 draft's params as loaded, not as the model's dtype would
+    assert int8.is_quantized(quantized.params) and not int8.is_quantized(params)
+    parts = common.int8_draft_parts(quantized)
+    as_float = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert as_float / 4 < parts["draft params"] < as_float / 2  # float32 -> mostly int8
+    assert common.int8_draft_parts(loaded) is None and common.int8_draft_parts(None) is None
     with pytest.raises(JobError, match="quantize is a draft's option"):
         ml.validate_model_spec(spec, "target", model_only=True)
     t5_model, t5_params = helpers.tiny_t5_pair(32, 0)[:2]
@@ -152,3 +170,15 @@ def test_infer_job_with_an_int8_draft_writes_the_same_greedy_outputs(tmp_path):
     )
     assert [r["output_ids"] for r in int8_rows] == [r["output_ids"] for r in rows]
     assert "int8 weights" in str(summary)
+
+
+def test_auto_quantizes_the_draft_only_where_the_cpu_has_int8_dot_units():
+    choose = precision.choose_draft_quantization
+    for units in (("amx_int8",), ("avx512_vnni",), ("avx_vnni", "avx2")):
+        route = choose("auto", "cpu", frozenset(units))
+        assert route.dtype == "int8" and units[0] in route.reason
+    bare = choose("auto", "cpu", frozenset({"avx2", "amx_bf16"}))
+    assert bare.dtype == "" and "no int8 dot units" in bare.reason
+    assert choose("auto", "gpu", frozenset({"amx_int8"})).dtype == ""
+    assert choose("int8", "cpu", frozenset()).dtype == "int8"  # as asked
+    assert choose("", "cpu", frozenset({"amx_int8"})).dtype == ""

@@ -139,3 +139,18 @@ def test_infer_job_with_a_staged_draft_writes_the_same_greedy_outputs(tmp_path):
 def test_a_bad_lookahead_is_one_line(tmp_path):
     with pytest.raises(JobError, match="staged_lookahead must be an int >= 0"):
         helpers.tiny_infer(tmp_path, "bad", "--gin.draft/speculative.ModelSpec.staged_lookahead=-1")
+
+
+def test_the_benchmark_times_a_staged_drafters_model_prefill_apart(draft):
+    """Decode-only speedups leave out the draft model's prefill: a staged drafter's is its model's
+    (before, it had none timed, so its prefill counted as decoding)."""
+    from speculative.drafts import prompt_lookup
+    from speculative.jobs.benchmark import harness
+    from speculative.loading import specs as ml
+
+    model, params = draft
+    wrapped = ml.Loaded(staged.StagedDrafter(model, 2), params, "staged")
+    assert harness.prefilled_model(wrapped) == (model, params)
+    assert harness.prefilled_model(ml.Loaded(model, params, "model")) == (model, params)
+    lookup = ml.Loaded(prompt_lookup.PromptLookupDrafter(model.vocab_size), {}, "lookup")
+    assert harness.prefilled_model(lookup) is None

@@ -22,6 +22,7 @@ from speculative.jobs import spmd as job_spmd
 from speculative.loading import draft_forms
 from speculative.loading import specs as ml
 from speculative.measure.memory import param_bytes, state_bytes
+from speculative.models import int8
 from speculative.outputs.job_io import hold_output_dir
 from speculative.parallel import partitioning
 from speculative.vocab import cross_tables
@@ -220,6 +221,15 @@ def cross_draft_parts(
     mesh = dict(mesh_shape or {"data": 1, "model": 1})
     args = (batch_size, input_len, max_decode_len, max(gamma, 1))
     return cross_draft_bytes(loaded.model, mesh, *args, param_dtype)
+
+
+def int8_draft_parts(loaded: ml.Loaded | None) -> dict[str, int] | None:
+    """{"draft params": bytes as loaded} for a draft with int8 weights (`ModelSpec.quantize`, one
+    device: the memory lines' shape-based count would take every kernel in the model's dtype),
+    else None."""
+    if loaded is None or not int8.is_quantized(loaded.params):
+        return None
+    return {"draft params": sum(x.nbytes for x in jax.tree.leaves(loaded.params))}
 
 
 def prepare_drafts(

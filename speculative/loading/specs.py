@@ -236,17 +236,24 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
 QUANTIZATIONS = ("", "int8")
 
 
-def check_quantization(spec: ModelSpec, role: str) -> None:
-    """JobError for a ModelSpec.quantize this project does not know, or on the target."""
-    if spec.quantize and role == "target":
+def check_quantization(spec: Any, role: str, partitioner: Any = None) -> None:
+    """JobError for a ModelSpec.quantize this project does not know, on the target, or beside a
+    partitioner (a mesh); a spec that is no ModelSpec asks for none."""
+    kind = getattr(spec, "quantize", "") if isinstance(spec, ModelSpec) else ""
+    if kind and role == "target":
         raise JobError(
             "quantize is a draft's option: int8 target weights would make another model the "
             "target (its outputs would follow the int8 model, not these weights)",
             role=role,
         )
-    if spec.quantize not in QUANTIZATIONS:
+    if kind not in QUANTIZATIONS:
         raise JobError(
-            f"unknown ModelSpec.quantize {spec.quantize!r}; known: 'int8', or '' for none",
+            f"unknown ModelSpec.quantize {kind!r}; known: 'int8', or '' for none", role=role
+        )
+    if kind and partitioner is not None:
+        raise JobError(
+            "quantize='int8' runs on one device: the partitioning rules have no axes for an "
+            "int8 kernel's scales (unbind PARTITIONER, or the draft's quantize)",
             role=role,
         )
 

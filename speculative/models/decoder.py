@@ -345,7 +345,10 @@ def restrict_head(
     )
     ids = ids.astype(np.int32)
     restricted = dict(params)
-    restricted["logits_dense"] = {"kernel": jnp.asarray(table)[ids], "token_ids": jnp.asarray(ids)}
+    head = {"kernel": jnp.asarray(table)[ids], "token_ids": jnp.asarray(ids)}
+    if not config.tie_word_embeddings and int8.SCALE in params["logits_dense"]:  # an int8 head
+        head[int8.SCALE] = jnp.asarray(params["logits_dense"][int8.SCALE])[ids]
+    restricted["logits_dense"] = head
     new_config = dataclasses.replace(config, tie_word_embeddings=False, head_tokens=int(ids.size))
     return new_config, restricted
 

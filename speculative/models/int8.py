@@ -67,6 +67,14 @@ def quantize_params(params: Mapping[str, Any], out_dims: Mapping[str, int] | Non
     return walk(params)
 
 
+def is_quantized(params: Mapping[str, Any]) -> bool:
+    """Whether a parameter tree holds an int8 kernel (a `kernel_scale` anywhere in it)."""
+    return any(
+        name == SCALE or (isinstance(value, Mapping) and is_quantized(value))
+        for name, value in params.items()
+    )
+
+
 def quantize_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     """rows [M, K] float -> (int8 rows [M, K], float32 scale [M]); an all-zero row gets scale 1."""
     rows = rows.astype(jnp.float32)

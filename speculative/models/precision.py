@@ -116,6 +116,34 @@ def resolve(requested: str, has_route: bool = True) -> Route:
     return route
 
 
+# /proc/cpuinfo flags of the units XLA:CPU's int8 x int8 -> int32 dots run on (int8 drafts).
+INT8_UNIT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
+def choose_draft_quantization(requested: str, platform: str, flags: frozenset[str]) -> Route:
+    """A draft's weight format for a requested `ModelSpec.quantize` ('auto', 'int8', ''): 'auto'
+    is int8 on a CPU with int8 dot units (`INT8_UNIT_FLAGS`: a two-row int8 product there streams
+    its weights at about the bfloat16 byte rate, so half the bytes; docs/benchmarks.md, "int8
+    drafts"), else '' (the model's dtype). Route.dtype holds the answer. Pure, as `choose`."""
+    if requested != AUTO:
+        return Route(requested, f"draft weights {requested or 'in the dtype'} as asked")
+    units = [f for f in INT8_UNIT_FLAGS if f in flags]
+    if platform != "cpu":
+        return Route("", f"auto: the draft's weights in its dtype on {platform}")
+    if units:
+        return Route("int8", f"auto: int8 draft weights, the CPU has {' and '.join(units)}")
+    return Route("", "auto: the draft's weights in its dtype, the CPU has no int8 dot units")
+
+
+@functools.cache
+def resolve_draft_quantization(requested: str) -> Route:
+    """`choose_draft_quantization` for this machine, logged once per request and process."""
+    route = choose_draft_quantization(requested, jax.default_backend(), cpu_flags())
+    if requested == AUTO:
+        log.info(f"draft quantization: {route.reason}")
+    return route
+
+
 def resolve_dtype(requested: str, has_route: bool = True) -> str:
     """The dtype name `requested` runs in here ('auto' resolved; others unchanged)."""
     return resolve(requested, has_route).dtype

@@ -15,9 +15,11 @@ import numpy as np
 from speculative import decoding
 from speculative.data import inputs
 from speculative.decoding.sampling import SamplingConfig
+from speculative.drafts import staged
 from speculative.errors import JobError
 from speculative.jobs.benchmark.settings import Settings, round_key
 from speculative.jobs.benchmark.setup import Setup
+from speculative.loading.specs import Loaded
 from speculative.measure import runner, timing
 
 log = logging.getLogger(__name__)
@@ -109,8 +111,9 @@ def cell_programs(
     }
     variants = s.sweep.at(sampling.temperature)
     for i in sorted({s.sweep.draft_of[v.name] for v in variants}):
-        if drafts[i].is_model:
-            programs[prefill_key(i)] = runner.Prefill(drafts[i].model, drafts[i].params, plain)
+        prefilled = prefilled_model(drafts[i])
+        if prefilled is not None:
+            programs[prefill_key(i)] = runner.Prefill(*prefilled, plain)
     for v in variants:
         draft = drafts[s.sweep.draft_of[v.name]]
         for gamma in v.gammas:
@@ -125,6 +128,17 @@ def cell_programs(
             except ValueError as e:  # e.g. a tree this draft cannot grow
                 raise JobError(f"variant {v.name!r}: {e}") from None
     return programs
+
+
+def prefilled_model(draft: Loaded) -> tuple[Any, Any] | None:
+    """(model, params) a draft prefills its own cache with: a draft model's, or a staged
+    drafter's model's (timed alone so that decode-only speedups leave it out as they leave the
+    target's out); None for a drafter that prefills no model of its own."""
+    if draft.is_model:
+        return draft.model, draft.params
+    if isinstance(draft.model, staged.StagedDrafter):
+        return draft.model.model, draft.model.model_params(draft.params)
+    return None
 
 
 def prefill_key(draft_index: int) -> str:

@@ -33,6 +33,7 @@ def validate(cfg: BenchmarkConfig) -> None:
         if cfg.draft is gin.REQUIRED:
             raise JobError("speculative.BenchmarkConfig.draft is required")
         ml.validate_model_spec(cfg.draft, "draft", SLOT + "draft")
+        ml.check_quantization(cfg.draft, "draft", cfg.partitioner)
     ml.validate_vocab_spec(cfg.vocabulary, "vocabulary", SLOT + "vocabulary")
     if cfg.draft_vocabulary is not None:
         slot = SLOT + "draft_vocabulary"
@@ -77,6 +78,7 @@ def validate_variants(cfg: BenchmarkConfig) -> None:
         if v.draft is not None:
             slot = f"speculative.Variant.draft (variant {v.name!r})"
             ml.validate_model_spec(v.draft, f"variant {v.name!r} draft", slot)
+            ml.check_quantization(v.draft, f"variant {v.name!r} draft", cfg.partitioner)
         variant_spec(v)  # its speculation settings, checked once (the spec)
         job_config.note_lenience(v.lenience)
         gammas = list(v.gammas) if v.gammas is not None else [1]

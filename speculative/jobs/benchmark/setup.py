@@ -150,6 +150,7 @@ def print_memory(setup: Setup, s: Settings) -> None:
             mesh_shape=mesh,
             draft_parts=common.cross_draft_parts(
                 setup.draft, mesh, batch_size, setup.width, s.inputs.max_decode_len, gamma, dtype
-            ),  # a draft with its own tokenizer: its params, cache and tables
+            )  # a draft with its own tokenizer: its params, cache and tables
+            or common.int8_draft_parts(setup.draft),  # int8 weights: its params as loaded
         )
         log.info(f"batch {batch_size}, gamma {gamma}: {report}")

@@ -203,7 +203,7 @@ def result_json(
     costs: dict[str, Any],
 ) -> dict[str, Any]:
     """demo.json: the run, its pooled statistics, timings and the models' predictions."""
-    gamma, summary = config.gamma, decoded.summary
+    gamma, summary, quantize = config.gamma, decoded.summary, draft_quantization(args)
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
     t_verify = costs["target_extend_s"][config.block]
     plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
@@ -212,7 +212,8 @@ def result_json(
         "draft": args.draft,
         "draft_shortlist": args.draft_shortlist,
         "staged_lookahead": args.staged,
-        "draft_quantize": args.draft_quantize,
+        "draft_quantize": quantize.dtype or "none",
+        "draft_quantize_route": quantize.reason,
         "batch_size": args.batch_size,
         "dtype": precision.resolve_dtype(args.dtype),
         "dtype_route": precision.resolve(args.dtype).reason,
@@ -271,6 +272,13 @@ def print_result(r: dict[str, Any]) -> None:
     )
 
 
+def draft_quantization(args: argparse.Namespace) -> precision.Route:
+    """The draft's weight format for --draft_quantize ('none': the dtype; 'auto' resolved for this
+    machine, `precision.resolve_draft_quantization`)."""
+    requested = "" if args.draft_quantize == "none" else args.draft_quantize
+    return precision.resolve_draft_quantization(requested)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The demo for parsed command-line arguments (speculative/demo.py): loads, decodes, prints
     and writes args.out; returns what it wrote."""
@@ -283,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise JobError(" ".join(str(e).split()), role="demo") from e
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
-    if args.draft_quantize == "int8":  # half the draft's weight bytes (models/int8.py); exact
+    if draft_quantization(args).dtype == "int8":  # half the draft's bytes (models/int8.py); exact
         params = int8.quantize_params(draft.params)
         draft = dataclasses.replace(draft, name=f"{draft.name}, int8", params=params)
     tree = tuple(int(w) for w in args.tree.split(",")) if args.tree else None

@@ -211,6 +211,7 @@ def memory_report(
         gamma=args[3],
         param_dtype=dtype,
         mesh_shape=mesh,
-        # a draft with its own tokenizer: its params, cache and tables
-        draft_parts=common.cross_draft_parts(models.draft, mesh, *args, dtype),
+        # a draft with its own tokenizer: its params, cache and tables; int8: its params as loaded
+        draft_parts=common.cross_draft_parts(models.draft, mesh, *args, dtype)
+        or common.int8_draft_parts(models.draft),
     )

@@ -37,6 +37,7 @@ def validate(cfg: InferConfig) -> decoding.SpeculationSpec | None:
                 "SPECULATIVE is on but no draft model is bound (speculative.InferConfig.draft)"
             )
         ml.validate_model_spec(cfg.draft, "draft", SLOT + "draft")
+        ml.check_quantization(cfg.draft, "draft", cfg.partitioner)
         if cfg.draft_vocabulary is not None:
             slot = SLOT + "draft_vocabulary"
             ml.validate_vocab_spec(cfg.draft_vocabulary, "draft vocabulary", slot)
