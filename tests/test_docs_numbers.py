@@ -287,7 +287,7 @@ def gguf_bytes(fetch_py: str, names: tuple[str, ...]) -> int:
 
 def demo_models_gb(data: dict) -> float:
     """GB of the demo's two models: their names from demo.json, their sizes from fetch.py."""
-    demo = data["benchmarks/demo_issue39/demo.json"]
+    demo = data[DEMO]
     return gguf_bytes(data["speculative/loading/fetch.py"], (demo["target"], demo["draft"])) / 1e9
 
 
@@ -296,7 +296,8 @@ def demo_models_gb(data: dict) -> float:
 
 I39 = "benchmarks/issue39_bf16_t0/benchmark.json"
 I39_T1 = "benchmarks/issue39_bf16_t1_20/benchmark.json"
-DEMO = "benchmarks/demo_issue39/demo.json"
+DEMO = "benchmarks/demo_int8/demo.json"
+INT8 = "benchmarks/issue39_int8/benchmark.json"
 SHORTLIST = "benchmarks/issue13/shortlist/benchmark.json"
 I25 = "benchmarks/issue25_table/benchmark.json"
 HF_BF16 = "benchmarks/compare_hf_rerun/compare_hf.json"
@@ -316,6 +317,8 @@ def _current(row: str, column: str, text: str, file: str, key, fmt="{}") -> Figu
     return Figure(BENCH, CURRENT, row, column, text, file, key, fmt)
 
 
+_R0 = "**int8 draft**, staged drafting, greedy"
+_R0T1 = "**int8 draft**, staged drafting, T = 1"
 _R1 = "**bfloat16**, staged drafting, greedy"
 _R2 = "bfloat16, tree / chain, greedy"
 _R3 = "**bfloat16**, staged drafting, T = 1"
@@ -346,7 +349,34 @@ def cross_point(temperature: float, gamma: int) -> Callable[[Any], dict[str, Any
     )
 
 
+def _int8_point(temperature: float, gamma: int, field: str) -> Callable[[Any], Any]:
+    """A field of the int8 table's staged int8 point at one temperature and gamma."""
+
+    def get(data: Any) -> Any:
+        points = lookup(data, f"cells[temperature={temperature}].points")
+        found = [p for p in points if p["variant"] == "staged_int8" and p["gamma"] == gamma]
+        assert len(found) == 1, found
+        return found[0][field]
+
+    return get
+
+
 CURRENT_FIGURES = [
+    _current(_R0, SET, "20 prompts", INT8, "num_examples", "{} prompts"),
+    _current(_R0, SET, "γ 7", INT8, _int8_point(0.0, 7, "gamma"), "γ {}"),
+    _current(_R0, A, "0.936", INT8, _int8_point(0.0, 7, "alpha"), "{:.3f}"),
+    _current(_R0, T, "6.26", INT8, _int8_point(0.0, 7, "tau"), "{:.2f}"),
+    _current(_R0, S, "**2.15x**", INT8, _int8_point(0.0, 7, "speedup"), "**{:.2f}x**"),
+    _current(_R0, S, "(2.31x)", INT8, _int8_point(0.0, 7, "decode_speedup"), "({:.2f}x)"),
+    _current(_R0, S, "13.92 tok/s", INT8, _int8_point(0.0, 7, "speculative_tok_s"), "{:.2f} tok/s"),
+    _current(_R0T1, SET, "γ 5", INT8, _int8_point(1.0, 5, "gamma"), "γ {}"),
+    _current(_R0T1, A, "0.901", INT8, _int8_point(1.0, 5, "alpha"), "{:.3f}"),
+    _current(_R0T1, T, "4.49", INT8, _int8_point(1.0, 5, "tau"), "{:.2f}"),
+    _current(_R0T1, S, "**1.82x**", INT8, _int8_point(1.0, 5, "speedup"), "**{:.2f}x**"),
+    _current(_R0T1, S, "(1.89x)", INT8, _int8_point(1.0, 5, "decode_speedup"), "({:.2f}x)"),
+    _current(
+        _R0T1, S, "11.72 tok/s", INT8, _int8_point(1.0, 5, "speculative_tok_s"), "{:.2f} tok/s"
+    ),
     _current(_R1, SET, "10 prompts", I39, "num_examples", "{} prompts"),
     _current(_R1, SET, "128 tokens", I39, "feature_lengths.targets", "{} tokens"),
     _current(_R1, SET, "γ 5", I39, f"{T0}[variant=staged].gamma", "γ {}"),
@@ -428,15 +458,16 @@ CURRENT_FIGURES = [
     _current(
         _R5,
         SET,
-        "staged γ 5",
+        "staged γ 7",
         DEMO,
         ("staged_lookahead", "gamma"),
         lambda v: f"staged γ {v[1]}" if v[0] else "chain",
     ),
-    _current(_R5, A, "0.913", DEMO, "alpha", "{:.3f}"),
-    _current(_R5, T, "4.76", DEMO, "tau", "{:.2f}"),
-    _current(_R5, S, "1.60x", DEMO, "speedup", "{:.2f}x"),
-    _current(_R5, S, "(cost model 1.83x)", DEMO, "cost_model_speedup", "(cost model {:.2f}x)"),
+    _current(_R5, SET, "int8 draft", DEMO, "draft_quantize", "{} draft"),
+    _current(_R5, A, "0.915", DEMO, "alpha", "{:.3f}"),
+    _current(_R5, T, "6.08", DEMO, "tau", "{:.2f}"),
+    _current(_R5, S, "1.78x", DEMO, "speedup", "{:.2f}x"),
+    _current(_R5, S, "(cost model 2.20x)", DEMO, "cost_model_speedup", "(cost model {:.2f}x)"),
     _current(
         _R5,
         S,
@@ -624,7 +655,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 27 runs",
+        "the 31 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
@@ -643,21 +674,21 @@ def _quick(row: str, column: str, text: str, file: str, key, fmt="{}") -> Figure
 
 QUICKSTART_FIGURES = [
     _quick(_DEMO_ROW, "time", "42.7 s", UNITS, "peak_rss.bfloat16.load_s", "{:.1f} s"),
-    _quick(_DEMO_ROW, "time", "5.8 s plain", DEMO, "compile_s.plain", "{:.1f} s plain"),
+    _quick(_DEMO_ROW, "time", "8.5 s plain", DEMO, "compile_s.plain", "{:.1f} s plain"),
     _quick(
         _DEMO_ROW,
         "time",
-        "10.6 s speculative",
+        "18.5 s speculative",
         DEMO,
         "compile_s.speculative",
         "{:.1f} s speculative",
     ),
     _quick(_DEMO_ROW, "time", "219 tokens", DEMO, "tokens", "{} tokens"),
-    _quick(_DEMO_ROW, "time", "7.40 tok/s plain", DEMO, "plain_tok_s", "{:.2f} tok/s plain"),
+    _quick(_DEMO_ROW, "time", "5.80 tok/s plain", DEMO, "plain_tok_s", "{:.2f} tok/s plain"),
     _quick(
         _DEMO_ROW,
         "time",
-        "11.84 tok/s speculative",
+        "10.31 tok/s speculative",
         DEMO,
         "speculative_tok_s",
         "{:.2f} tok/s speculative",
@@ -699,20 +730,20 @@ QUICKSTART_FIGURES = [
         Figure(README, QUICKSTART, None, None, text, DEMO, key, fmt)
         for text, key, fmt in [
             ("219 tokens, batch 1", ("tokens", "batch_size"), "{} tokens, batch {}"),
-            ("α 0.913", "alpha", "α {:.3f}"),
-            ("τ 4.76", "tau", "τ {:.2f}"),
-            ("c 0.317", "c", "c {:.3f}"),
+            ("α 0.915", "alpha", "α {:.3f}"),
+            ("τ 6.08", "tau", "τ {:.2f}"),
+            ("c 0.238", "c", "c {:.3f}"),
             (
-                "43 ms per proposed draft token",
+                "42 ms per proposed draft token",
                 "draft_step_s",
                 lambda s: f"{s * 1e3:.0f} ms per proposed draft token",
             ),
-            ("/ 134 ms", "target_step_s", lambda s: f"/ {s * 1e3:.0f} ms"),
-            ("plain 7.40 tok/s", "plain_tok_s", "plain {:.2f} tok/s"),
-            ("11.84 tok/s", "speculative_tok_s", "{:.2f} tok/s"),
-            ("**1.60x**", "speedup", "**{:.2f}x**"),
-            ("cost model 1.83x", "cost_model_speedup", "cost model {:.2f}x"),
-            ("Thm 3.8 1.87x", "predicted_speedup", "Thm 3.8 {:.2f}x"),
+            ("/ 175 ms", "target_step_s", lambda s: f"/ {s * 1e3:.0f} ms"),
+            ("plain 5.80 tok/s", "plain_tok_s", "plain {:.2f} tok/s"),
+            ("10.31 tok/s", "speculative_tok_s", "{:.2f} tok/s"),
+            ("**1.78x**", "speedup", "**{:.2f}x**"),
+            ("cost model 2.20x", "cost_model_speedup", "cost model {:.2f}x"),
+            ("Thm 3.8 2.25x", "predicted_speedup", "Thm 3.8 {:.2f}x"),
         ]
     ),
 ]
