@@ -155,6 +155,7 @@ def test_the_loader_quantizes_what_the_spec_asks_and_refuses_the_rest(draft):
     ml.check_quantization(spec, "draft")  # one device: fine
     # the memory lines count an int8 draft's params as loaded, not as the model's dtype would
     assert int8.is_quantized(quantized.params) and not int8.is_quantized(params)
+    assert not int8.is_quantized(()) and not int8.is_quantized(np.zeros(3))  # drafters' params
     parts = common.int8_draft_parts(quantized)
     as_float = sum(x.nbytes for x in jax.tree.leaves(params))
     assert as_float / 4 < parts["draft params"] < as_float / 2  # float32 -> mostly int8

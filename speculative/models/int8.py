@@ -68,12 +68,12 @@ def quantize_params(params: Mapping[str, Any], out_dims: Mapping[str, int] | Non
     return walk(params)
 
 
-def is_quantized(params: Mapping[str, Any]) -> bool:
-    """Whether a parameter tree holds an int8 kernel (a `kernel_scale` anywhere in it)."""
-    return any(
-        name == SCALE or (isinstance(value, Mapping) and is_quantized(value))
-        for name, value in params.items()
-    )
+def is_quantized(params: Any) -> bool:
+    """Whether a parameter tree holds an int8 kernel (a `kernel_scale` anywhere in its nested
+    mappings); False for any other params (a drafter's tables, an empty tuple)."""
+    if not isinstance(params, Mapping):
+        return False
+    return any(name == SCALE or is_quantized(value) for name, value in params.items())
 
 
 def quantize_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
