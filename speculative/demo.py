@@ -100,21 +100,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="staged drafting: prompt lookup proposes this many of the draft's tokens per draft "
         "call, verified by the draft in one call (exact; chains only); 0: off",
     )
-    parser.add_argument(
+    add_auto_option(
+        parser,
         "--draft_quantize",
-        default="auto",
-        choices=["auto", "none", "int8"],
-        help="int8: the draft's projection and head weights in int8, its rows quantised per call "
+        ("none", "int8"),
+        "int8: the draft's projection and head weights in int8, its rows quantised per call "
         "(half the bytes a bfloat16 draft step reads; exact: the rule sees the int8 draft's q); "
         "auto: int8 where the CPU has int8 dot units (AMX-INT8 or VNNI), else none",
     )
-    parser.add_argument(
+    add_auto_option(
+        parser,
         "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="weights and activations; auto: bfloat16 where the machine has bfloat16 matrix "
-        "units (or an accelerator), else float32. Logits are float32 either way",
+        ("float32", "bfloat16"),
+        "weights and activations; auto: bfloat16 where the machine has bfloat16 matrix units (or "
+        "an accelerator), else float32. Logits are float32 either way",
     )
+
+
+def add_auto_option(
+    parser: argparse.ArgumentParser, flag: str, choices: tuple[str, ...], text: str
+) -> None:
+    """A choice whose default, 'auto', `models.precision` resolves for the machine it runs on."""
+    parser.add_argument(flag, default="auto", choices=["auto", *choices], help=text)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -238,14 +238,16 @@ def prepare_drafts(
     vocabulary: vocab.Vocabulary,
     prompts: Sequence[Sequence[int]],
 ) -> LoadedModels:
-    """Each draft in the form its spec asks for (`loading.draft_forms.prepare`: a shortlist head
-    fitted to every prompt of the job, int8 weights, staging); a draft with its own tokenizer has
-    its cache sized for the job's prompts (`fit_cross_prompts`)."""
-    prepared = tuple(
-        fit_cross_prompts(draft_forms.prepare(loaded, spec, vocabulary, prompts, role), prompts)
-        for loaded, (role, spec) in zip(models.drafts, drafts)
-    )
-    return dataclasses.replace(models, drafts=prepared)
+    """Each draft in the form its spec asks for (`loading.draft_forms`, in this order: a shortlist
+    head fitted to every prompt of the job, int8 weights, staging); a draft with its own tokenizer
+    has its cache sized for the job's prompts (`fit_cross_prompts`)."""
+    prepared = []
+    for loaded, (role, spec) in zip(models.drafts, drafts):
+        loaded = draft_forms.with_shortlist(loaded, spec, vocabulary, prompts, role)
+        loaded = draft_forms.with_quantization(loaded, spec, role)
+        loaded = draft_forms.with_staging(loaded, spec, role)
+        prepared.append(fit_cross_prompts(loaded, prompts))
+    return dataclasses.replace(models, drafts=tuple(prepared))
 
 
 def fit_cross_prompts(loaded: ml.Loaded, prompts: Sequence[Sequence[int]]) -> ml.Loaded:

@@ -1,6 +1,7 @@
-"""A loaded draft model in the form its ModelSpec asks for, in this order: a shortlist head
-(`ModelSpec.shortlist`), int8 weights (`ModelSpec.quantize`, after the shortlist so the shortlist
-head is int8 too) and staged drafting (`ModelSpec.staged_lookahead`). Each step is exact: the
+"""A loaded draft model in the form its ModelSpec asks for, applied in this order
+(`jobs.common.prepare_drafts`): a shortlist head (`ModelSpec.shortlist`), int8 weights
+(`ModelSpec.quantize`, after the shortlist so the shortlist head is int8 too) and staged drafting
+(`ModelSpec.staged_lookahead`). Each step is exact: the
 acceptance rule sees the q of the draft as it samples."""
 
 from __future__ import annotations
@@ -17,18 +18,6 @@ from speculative.loading import specs as ml
 from speculative.models import decoder, int8, padding
 
 log = logging.getLogger(__name__)
-
-
-def prepare(
-    loaded: ml.Loaded,
-    spec: Any,
-    vocabulary: vocab.Vocabulary,
-    prompts: Sequence[Sequence[int]],
-    role: str = "draft",
-) -> ml.Loaded:
-    """`loaded` with the shortlist head, int8 weights and staging its spec asks for (none: as is)."""
-    shortlisted = with_shortlist(loaded, spec, vocabulary, prompts, role)
-    return with_staging(with_quantization(shortlisted, spec, role), spec, role)
 
 
 def with_shortlist(
