@@ -408,6 +408,15 @@ def tiny_infer(tmp_path: pathlib.Path, name: str, *extra: str) -> tuple[list[dic
     return read_outputs(out)
 
 
+def infer_matches_plain_draft(tmp_path: pathlib.Path, name: str, flag: str) -> dict:
+    """`tiny_infer` with the draft changed by `flag` writes the same greedy outputs as with the
+    draft as it is (both equal plain greedy decoding); returns the changed run's summary."""
+    rows, _ = tiny_infer(tmp_path, "model")
+    changed_rows, summary = tiny_infer(tmp_path, name, flag)
+    assert [r["output_ids"] for r in changed_rows] == [r["output_ids"] for r in rows]
+    return summary
+
+
 def write_jsonl(path: pathlib.Path, texts) -> pathlib.Path:
     """Writes one {"inputs": text} row per text to `path`; returns it."""
     path.write_text("".join(json.dumps({"inputs": t}) + "\n" for t in texts))

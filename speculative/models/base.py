@@ -212,8 +212,9 @@ CACHE_SLACK = 32  # the least cache slack: plain and speculative round alike (do
 def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> jax.Array:
     """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
 
-    int8 kernel with its per-output-channel scale [N]: `models.int8.dense` (a draft's cheaper
-    route; float32 result).
+    int8 kernel with its per-output-channel scale [N] (a draft's cheaper route; float32 result):
+    `models.int8.dense` up to `int8.PREFILL_ROWS` rows; a prefill's rows take the bfloat16 route
+    below with the kernel widened, where the int8 product is slower.
 
     float32 kernel: one row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify
     block, a small batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N,
@@ -235,6 +236,8 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     if scale is not None:
+        if rows.shape[0] > int8.PREFILL_ROWS:
+            return dense(x, kernel.astype(jnp.bfloat16)) * scale
         return int8.dense(rows, kernel, scale).reshape(*lead, kernel.shape[0])
     m = rows.shape[0]
     low = kernel.dtype in LOW_PRECISION

@@ -84,31 +84,20 @@ def quantize_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.round(rows / scale[:, None]).astype(jnp.int8), scale
 
 
-# Above this many rows (a prefill) the int8 product loses to the bfloat16 matrix-unit route with
-# the kernel widened once per call (docs/benchmarks.md, "int8 drafts at batch 8": the int8
-# draft's batch-8 prefill took 4.4 s against the bfloat16 draft's 2.4 s before this route).
+# Above this many rows (a prefill) `base.dense` widens an int8 kernel to bfloat16 and takes the
+# matrix-unit route instead of `dense` (docs/benchmarks.md, "int8 drafts at batch 8": the int8
+# draft's batch-8 prefill took 4.4 s against the bfloat16 draft's 2.4 s before that route).
 PREFILL_ROWS = 64
 
 
 def dense(rows: jax.Array, kernel: jax.Array, scale: jax.Array) -> jax.Array:
     """rows [M, K] float times an int8 output-major kernel [N, K] with its scale [N] -> [M, N]
-    float32.
+    float32: the rows quantised, an int8 x int8 -> int32 product.
 
-    Up to `PREFILL_ROWS` rows (steps, staged blocks, batches): the rows are quantised and the
-    product is int8 x int8 -> int32, the rows padded to an even count of at least two (XLA:CPU's
-    int8 product of one row takes a slow loop, about 20x the two-row time, as bfloat16 does) and
-    the weight the left operand, as `base.dense` keeps it for bfloat16. More rows (a prefill):
-    the kernel widened to bfloat16 and the matrix-unit route, float32 accumulation. Either way
-    the result is the draft's own (any q is exact); the route depends on the row count only."""
+    The rows are padded to an even count of at least two (XLA:CPU's int8 product of one row takes
+    a slow loop, about 20x the two-row time, as bfloat16 does) and the weight is the left operand,
+    as `base.dense` keeps it for bfloat16."""
     m = rows.shape[0]
-    if m > PREFILL_ROWS:
-        product = jnp.einsum(
-            "nk,mk->nm",
-            kernel.astype(jnp.bfloat16),
-            rows.astype(jnp.bfloat16),
-            preferred_element_type=jnp.float32,
-        )
-        return jax.lax.optimization_barrier(product).T * scale[None, :]
     padded = max(2, -(-m // 2) * 2)
     q, row_scale = quantize_rows(jnp.pad(rows, ((0, padded - m), (0, 0))))
     product = jax.lax.dot_general(
