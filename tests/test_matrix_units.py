@@ -91,10 +91,12 @@ def test_bfloat16_dense_accumulates_in_float32():
 
 def test_bfloat16_dense_rounds_every_row_alike_whatever_the_row_count():
     """A plain step (one row, padded to two) and a verify block (several rows) must give a row
-    the same sums, or greedy identity would rest on luck at near-ties."""
-    kernel, rows = _kernel_and_rows(m=16)
+    the same sums, or greedy identity would rest on luck at near-ties. Past `WIDE_ROWS` the
+    product changes orientation (a prefill, a wide batch's verify block) and must still agree."""
+    wide = base.WIDE_ROWS
+    kernel, rows = _kernel_and_rows(m=3 * wide)
     alone = np.asarray(base.dense(rows[:1], kernel))[0]
-    for m in (1, 2, 3, 6, 8, 16):
+    for m in (1, 2, 3, 6, 8, 16, wide, wide + 1, wide + 8, 3 * wide):
         assert np.array_equal(np.asarray(base.dense(rows[:m], kernel))[0], alone), m
 
 

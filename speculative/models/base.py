@@ -204,6 +204,10 @@ def block_positions(state: DecodeState, length: int, ancestors: Ancestors = None
 
 # Kernel dtypes that take the matrix-unit route in `dense` (docs/design.md §9).
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
+# Above this many rows (a prefill, a wide verify block) a bfloat16 product is faster with the rows
+# as the left operand: no [N, M] -> [M, N] transpose for the elementwise work after it to read
+# (docs/design.md §9, "Prefill orientation").
+WIDE_ROWS = 32
 
 
 CACHE_SLACK = 32  # the least cache slack: plain and speculative round alike (docs/design.md §9)
@@ -213,8 +217,7 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
 
     int8 kernel with its per-output-channel scale [N] (a draft's cheaper route; float32 result):
-    `models.int8.dense` up to `int8.PREFILL_ROWS` rows; a prefill's rows take the bfloat16 route
-    below with the kernel widened, where the int8 product is slower.
+    `models.int8.dense`, for any row count.
 
     float32 kernel: one row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify
     block, a small batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N,
@@ -230,19 +233,23 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     to float32 on every call (8-10x slower). So one row is padded to two (the second is waste the
     matrix unit does for free), and the weight stays the left operand: that orientation is
     the faster one and gives every row bit-identical sums whatever the row count (2 to 16
-    measured), which keeps plain steps and verify blocks rounding alike.
+    measured), which keeps plain steps and verify blocks rounding alike. Above `WIDE_ROWS` rows
+    the rows become the left operand: the library computes the same sums bit for bit from 8 rows
+    up (tests/test_matrix_units.py), and the transposed product's elementwise consumers (SiLU,
+    the residual add) had cost as much as the products themselves in a prefill.
     Returns float32 on that route, else the promoted dtype of x and kernel.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     if scale is not None:
-        if rows.shape[0] > int8.PREFILL_ROWS:
-            return dense(x, kernel.astype(jnp.bfloat16)) * scale
         return int8.dense(rows, kernel, scale).reshape(*lead, kernel.shape[0])
     m = rows.shape[0]
     low = kernel.dtype in LOW_PRECISION
     if m == 1 and not low:
         y = jnp.einsum("mk,nk->mn", rows, kernel)
+    elif low and m > WIDE_ROWS:
+        rows = rows.astype(kernel.dtype)
+        y = jnp.einsum("mk,nk->mn", rows, kernel, preferred_element_type=jnp.float32)
     else:
         padded = max(2, -(-m // 2) * 2) if low else -(-m // 4) * 4
         rows = jnp.pad(rows, ((0, padded - m), (0, 0)))

@@ -12,8 +12,7 @@ such route (the weight is widened on every call), so the rows are quantised too:
 - rows: symmetric, per row, on every call (`dense`): scale = max |x| / 127.
 
 The int32 sums are exact integers, so a row's result does not depend on how many rows share the
-call: the draft's steps and staged blocks compute the same numbers. A prefill (more than
-`PREFILL_ROWS` rows) takes the bfloat16 route instead, where int8 is slower.
+call: the draft's steps, staged blocks and prefill compute the same numbers.
 """
 
 from __future__ import annotations
@@ -84,24 +83,19 @@ def quantize_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.round(rows / scale[:, None]).astype(jnp.int8), scale
 
 
-# Above this many rows (a prefill) `base.dense` widens an int8 kernel to bfloat16 and takes the
-# matrix-unit route instead of `dense` (docs/benchmarks.md, "int8 drafts at batch 8": the int8
-# draft's batch-8 prefill took 4.4 s against the bfloat16 draft's 2.4 s before that route).
-PREFILL_ROWS = 64
-
-
 def dense(rows: jax.Array, kernel: jax.Array, scale: jax.Array) -> jax.Array:
     """rows [M, K] float times an int8 output-major kernel [N, K] with its scale [N] -> [M, N]
     float32: the rows quantised, an int8 x int8 -> int32 product.
 
     The rows are padded to an even count of at least two (XLA:CPU's int8 product of one row takes
-    a slow loop, about 20x the two-row time, as bfloat16 does) and the weight is the left operand,
-    as `base.dense` keeps it for bfloat16."""
+    a slow loop, about 10x the two-row time, as bfloat16 does) and are the left operand: for
+    int8 that orientation is the faster one at every row count measured, 2 to 1024, and 3-5x
+    faster than the weight-left one for a prefill's rows (docs/benchmarks.md, "Prefill
+    orientation"). The sums are exact integers, so the orientation cannot change a result."""
     m = rows.shape[0]
     padded = max(2, -(-m // 2) * 2)
     q, row_scale = quantize_rows(jnp.pad(rows, ((0, padded - m), (0, 0))))
     product = jax.lax.dot_general(
-        kernel, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
-    )  # [N, padded], exact integer sums
-    y = jax.lax.optimization_barrier(product).T[:m].astype(jnp.float32)
-    return y * row_scale[:m, None] * scale[None, :]
+        q, kernel, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )  # [padded, N], exact integer sums
+    return product[:m].astype(jnp.float32) * row_scale[:m, None] * scale[None, :]
