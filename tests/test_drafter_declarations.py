@@ -101,6 +101,13 @@ def test_undeclared_tree_is_refused():
         _Misspelt(8, 1).propose_tree(None, None, DraftRequest(None, None, None, tree.depth, tree))
 
 
+def test_a_tree_request_states_one_depth():
+    """gamma and the tree's depth say one thing; a request where they differ is refused."""
+    tree = decoding.TreeShape.parse((2, 1))
+    with pytest.raises(ValueError, match="gamma 3 is not the tree's depth 2"):
+        DraftRequest(None, None, None, 3, tree)
+
+
 def _target():
     @dataclasses.dataclass(frozen=True)
     class Target:

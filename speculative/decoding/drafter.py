@@ -94,6 +94,11 @@ class DraftRequest:
     gamma: int = flax.struct.field(pytree_node=False)
     tree: TreeShape | None = flax.struct.field(pytree_node=False, default=None)
 
+    def __post_init__(self):
+        # a tree's depth is its gamma; a request that says two different things is a caller's bug
+        if self.tree is not None and self.gamma != self.tree.depth:
+            raise ValueError(f"gamma {self.gamma} is not the tree's depth {self.tree.depth}")
+
 
 def draft_confidence(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     """[..., V] draft logits -> [...] max_x q(x), the draft's confidence in its best token.

@@ -217,7 +217,7 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     """x [..., K] times an output-major kernel [N, K] -> [..., N], streaming the kernel once.
 
     int8 kernel with its per-output-channel scale [N] (a draft's cheaper route; float32 result):
-    `models.int8.dense`, for any row count.
+    `models.int8.dense`, in the orientation chosen below for bfloat16.
 
     float32 kernel: one row (a batch-1 decode step) is a plain GEMV. For a few rows (a verify
     block, a small batch) XLA:CPU's dot is 2-3x faster with the weight as the left operand, W [N,
@@ -242,7 +242,8 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     if scale is not None:
-        return int8.dense(rows, kernel, scale).reshape(*lead, kernel.shape[0])
+        wide = rows.shape[0] > WIDE_ROWS
+        return int8.dense(rows, kernel, scale, rows_left=wide).reshape(*lead, kernel.shape[0])
     m = rows.shape[0]
     low = kernel.dtype in LOW_PRECISION
     if m == 1 and not low:

@@ -83,19 +83,25 @@ def quantize_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.round(rows / scale[:, None]).astype(jnp.int8), scale
 
 
-def dense(rows: jax.Array, kernel: jax.Array, scale: jax.Array) -> jax.Array:
+def dense(
+    rows: jax.Array, kernel: jax.Array, scale: jax.Array, rows_left: bool = False
+) -> jax.Array:
     """rows [M, K] float times an int8 output-major kernel [N, K] with its scale [N] -> [M, N]
     float32: the rows quantised, an int8 x int8 -> int32 product.
 
     The rows are padded to an even count of at least two (XLA:CPU's int8 product of one row takes
-    a slow loop, about 10x the two-row time, as bfloat16 does) and are the left operand: for
-    int8 that orientation is the faster one at every row count measured, 2 to 1024, and 3-5x
-    faster than the weight-left one for a prefill's rows (docs/benchmarks.md, "Prefill
-    orientation"). The sums are exact integers, so the orientation cannot change a result."""
+    a slow loop, about 10x the two-row time, as bfloat16 does). The weight is the left operand,
+    as `base.dense` keeps it for a few bfloat16 rows (the 0.5B draft's step: 39 ms, against 55 ms
+    with the rows left); rows_left=True (a prefill's many rows, `base.WIDE_ROWS`) puts the rows
+    left instead, 3-5x faster there (docs/benchmarks.md, "Prefill orientation"). The sums are
+    exact integers, so the orientation cannot change a result."""
     m = rows.shape[0]
     padded = max(2, -(-m // 2) * 2)
     q, row_scale = quantize_rows(jnp.pad(rows, ((0, padded - m), (0, 0))))
-    product = jax.lax.dot_general(
-        q, kernel, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
-    )  # [padded, N], exact integer sums
+    contract = (((1,), (1,)), ((), ()))
+    if rows_left:
+        product = jax.lax.dot_general(q, kernel, contract, preferred_element_type=jnp.int32)
+    else:  # [N, padded]: the barrier keeps XLA from folding the transpose back into the dot
+        product = jax.lax.dot_general(kernel, q, contract, preferred_element_type=jnp.int32)
+        product = jax.lax.optimization_barrier(product).T
     return product[:m].astype(jnp.float32) * row_scale[:m, None] * scale[None, :]

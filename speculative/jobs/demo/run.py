@@ -201,9 +201,11 @@ def result_json(
     config: decoding.DecodeConfig,
     decoded: Decoded,
     costs: dict[str, Any],
+    quantize: precision.Route,
 ) -> dict[str, Any]:
-    """demo.json: the run, its pooled statistics, timings and the models' predictions."""
-    gamma, summary, quantize = config.gamma, decoded.summary, draft_quantization(args)
+    """demo.json: the run, its pooled statistics, timings and the models' predictions; quantize
+    is the draft's weight format as `run` resolved it."""
+    gamma, summary = config.gamma, decoded.summary
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
     t_verify = costs["target_extend_s"][config.block]
     plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
@@ -292,7 +294,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise JobError(" ".join(str(e).split()), role="demo") from e
     examples = inputs.read_examples("humaneval", limit=args.prompts)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
-    if draft_quantization(args).dtype == "int8":  # half the draft's bytes (models/int8.py); exact
+    quantize = draft_quantization(args)
+    if quantize.dtype == "int8":  # half the draft's bytes (models/int8.py); exact
         params = int8.quantize_params(draft.params)
         draft = dataclasses.replace(draft, name=f"{draft.name}, int8", params=params)
     tree = tuple(int(w) for w in args.tree.split(",")) if args.tree else None
@@ -319,7 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verify_lengths=[config.block],
         draft_config=config,  # a staged draft's step: its propose time per proposed token
     )
-    result = result_json(args, config, decoded, costs)
+    result = result_json(args, config, decoded, costs, quantize)
     print_result(result)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
