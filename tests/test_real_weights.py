@@ -295,6 +295,7 @@ def test_demo_runs_end_to_end_on_smollm_drafting_for_itself(tmp_path):
     assert result["tau"] > gamma  # the last round may be cut short by the length cap
     assert 0.25 < result["c"] < 4.0  # one model timed twice (loose: timings on a shared machine)
     assert result["target_verify_s"] > 0
+    assert set(result["warmup_s"]) == {"plain", "speculative"}  # first runs, untimed, apart
     assert result["cost_model_speedup"] == pytest.approx(
         metrics.cost_model_speedup(
             result["tau"],

@@ -124,3 +124,6 @@ def test_run_batches_compiles_once_per_shape_and_times_apart():
         + [("compile", "b", 8)]
         + [("run", "b", 8)] * 4
     )
+    # The untimed first run is timed apart, like the compile, only where it happened.
+    assert set(result.warmup_s) == {"a", "b"} and min(result.warmup_s.values()) >= 0
+    assert all(r.warmup_s == {} for r in results)

@@ -124,12 +124,15 @@ class BatchRun:
       batch's shape for the first time are present.
     repeat_seconds: program -> the wall seconds of each of its `repeats` runs, in order (what
       the median is of; the benchmark bootstraps its speedups from them).
+    warmup_s: program -> seconds of its untimed first run (with warmup), like compile_s only
+      for programs that met the batch's shape for the first time.
     """
 
     outputs: dict[Hashable, Any]
     seconds: dict[Hashable, float]
     compile_s: dict[Hashable, float]
     repeat_seconds: dict[Hashable, list[float]] = dataclasses.field(default_factory=dict)
+    warmup_s: dict[Hashable, float] = dataclasses.field(default_factory=dict)
 
 
 def run_batches(
@@ -148,7 +151,7 @@ def run_batches(
     compiled: dict[tuple[Hashable, tuple[int, ...]], Run] = {}
     for batch, rng in batches:
         shape = tuple(inputs.input_tokens(batch).shape)
-        outputs, seconds, compile_s, repeat_seconds = {}, {}, {}, {}
+        outputs, seconds, compile_s, repeat_seconds, warmup_s = {}, {}, {}, {}, {}
         for program in programs.values():
             if hasattr(program, "validate"):
                 program.validate(batch)
@@ -157,7 +160,9 @@ def run_batches(
                 if (name, shape) not in compiled:
                     run, compile_s[name] = program.compile(batch, rng)
                     if warmup:
+                        start = time.perf_counter()
                         timing.block(run(batch, rng))
+                        warmup_s[name] = time.perf_counter() - start
                     compiled[name, shape] = run
                 run = compiled[name, shape]
                 times = []
@@ -170,4 +175,4 @@ def run_batches(
                 raise
             seconds[name] = statistics.median(times)
             repeat_seconds[name] = times
-        yield BatchRun(outputs, seconds, compile_s, repeat_seconds)
+        yield BatchRun(outputs, seconds, compile_s, repeat_seconds, warmup_s)

@@ -83,6 +83,8 @@ class Decoded:
     rows: one per prompt (task_id, completion, tokens, alpha, tau, identical_to_plain).
     tokens: generated tokens of every timed row (copies filling a short last batch included).
     seconds / compile_s: per decoder ("plain", "speculative"), summed over batches.
+    warmup_s: per decoder, its untimed first run on the first batch of a shape (the first touch
+      of its weights and buffers, which a long-running job pays once, as it pays the compile).
     summary: `metrics.summarize` of the prompts' speculative rows.
     """
 
@@ -90,6 +92,7 @@ class Decoded:
     tokens: int
     seconds: dict[str, float]
     compile_s: dict[str, float]
+    warmup_s: dict[str, float]
     summary: dict[str, Any]
 
 
@@ -118,10 +121,10 @@ def decode_prompts(
             target.model, target.params, config, draft.model, draft.params
         ),
     }
-    decoded = Decoded([], 0, dict.fromkeys(decoders, 0.0), dict.fromkeys(decoders, 0.0), {})
+    decoded = Decoded([], 0, *(dict.fromkeys(decoders, 0.0) for _ in range(3)), {})
     stats, lengths = [], []
     greedy = config.sampling.greedy
-    for rows, result in zip(members, runner.run_batches(decoders, batches)):
+    for rows, result in zip(members, runner.run_batches(decoders, batches, warmup=True)):
         real = list(dict.fromkeys(rows))  # the copies filling a short last batch are dropped
         spec, plain = jax.tree.map(
             np.asarray, (result.outputs["speculative"], result.outputs["plain"])
@@ -130,6 +133,7 @@ def decode_prompts(
         for name in decoders:
             decoded.seconds[name] += result.seconds[name]
             decoded.compile_s[name] += result.compile_s.get(name, 0.0)
+            decoded.warmup_s[name] += result.warmup_s.get(name, 0.0)
         kept = first_rows(spec, len(real))
         stats.append(kept.stats)
         lengths.append(kept.lengths)
@@ -239,6 +243,7 @@ def result_json(
         ),
         "optimal_gamma": metrics.optimal_gamma(summary["alpha"], c),
         "compile_s": decoded.compile_s,
+        "warmup_s": decoded.warmup_s,
         "acceptance_by_position": summary["acceptance_by_position"],
         "rows": decoded.rows,
         "provenance": provenance.record(None),  # argparse flags, no gin config
@@ -268,10 +273,11 @@ def print_result(r: dict[str, Any]) -> None:
         f"{verify / r['target_step_s']:.2f} target steps (Thm 3.8 assumes 1); with that cost the "
         f"model predicts {r['cost_model_speedup']:.2f}x"
     )
-    compile_s = r["compile_s"]
+    compile_s, warmup_s = r["compile_s"], r["warmup_s"]
     print(
         f"compile (apart): plain {compile_s['plain']:.1f}s, speculative "
-        f"{compile_s['speculative']:.1f}s"
+        f"{compile_s['speculative']:.1f}s; first runs, untimed (apart): plain "
+        f"{warmup_s['plain']:.1f}s, speculative {warmup_s['speculative']:.1f}s"
     )
 
 
