@@ -234,7 +234,7 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     matrix unit does for free), and the weight stays the left operand: that orientation is
     the faster one and gives every row bit-identical sums whatever the row count (2 to 16
     measured), which keeps plain steps and verify blocks rounding alike. Above `WIDE_ROWS` rows
-    the rows become the left operand: the library computes the same sums bit for bit from 8 rows
+    the rows become the left operand: the library computes the same sums bit for bit from 4 rows
     up (tests/test_matrix_units.py), and the transposed product's elementwise consumers (SiLU,
     the residual add) had cost as much as the products themselves in a prefill.
     Returns float32 on that route, else the promoted dtype of x and kernel.

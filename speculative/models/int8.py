@@ -91,10 +91,10 @@ def dense(
 
     The rows are padded to an even count of at least two (XLA:CPU's int8 product of one row takes
     a slow loop, about 10x the two-row time, as bfloat16 does). The weight is the left operand,
-    as `base.dense` keeps it for a few bfloat16 rows (the 0.5B draft's step: 39 ms, against 55 ms
-    with the rows left); rows_left=True (a prefill's many rows, `base.WIDE_ROWS`) puts the rows
-    left instead, 3-5x faster there (docs/benchmarks.md, "Prefill orientation"). The sums are
-    exact integers, so the orientation cannot change a result."""
+    as `base.dense` keeps it for a few bfloat16 rows (the real draft's step was slower with the
+    rows left); rows_left=True (a prefill's many rows, `base.WIDE_ROWS`) puts the rows left
+    instead, 2-3x faster there (docs/benchmarks.md, "Prefill orientation"). The sums are exact
+    integers, so the orientation cannot change a result."""
     m = rows.shape[0]
     padded = max(2, -(-m // 2) * 2)
     q, row_scale = quantize_rows(jnp.pad(rows, ((0, padded - m), (0, 0))))
