@@ -296,8 +296,10 @@ def demo_models_gb(data: dict) -> float:
 
 I39 = "benchmarks/issue39_bf16_t0/benchmark.json"
 I39_T1 = "benchmarks/issue39_bf16_t1_20/benchmark.json"
-DEMO = "benchmarks/demo_int8/demo.json"
+DEMO = "benchmarks/demo_prefill/demo.json"
 INT8 = "benchmarks/issue39_int8/benchmark.json"
+PREFILL = "benchmarks/issue39_prefill/benchmark.json"
+PREFILL_B8 = "benchmarks/issue39_batch8_prefill/benchmark.json"
 SHORTLIST = "benchmarks/issue13/shortlist/benchmark.json"
 I25 = "benchmarks/issue25_table/benchmark.json"
 HF_BF16 = "benchmarks/compare_hf_rerun/compare_hf.json"
@@ -319,6 +321,7 @@ def _current(row: str, column: str, text: str, file: str, key, fmt="{}") -> Figu
 
 _R0 = "**int8 draft**, staged drafting, greedy"
 _R0T1 = "**int8 draft**, staged drafting, T = 1"
+_R0B8 = "**int8 draft, batch 8**, chain, greedy"
 _R1 = "**bfloat16**, staged drafting, greedy"
 _R2 = "bfloat16, tree / chain, greedy"
 _R3 = "**bfloat16**, staged drafting, T = 1"
@@ -349,26 +352,56 @@ def cross_point(temperature: float, gamma: int) -> Callable[[Any], dict[str, Any
     )
 
 
-def _int8_point(temperature: float, gamma: int, field: str) -> Callable[[Any], Any]:
-    """A field of the int8 table's staged int8 point at one temperature and gamma."""
+def _int8_point(
+    temperature: float, gamma: int, field: str, variant: str = "staged_int8"
+) -> Callable[[Any], Any]:
+    """A field of an int8 table's staged int8 point at one temperature and gamma."""
 
     def get(data: Any) -> Any:
         points = lookup(data, f"cells[temperature={temperature}].points")
-        found = [p for p in points if p["variant"] == "staged_int8" and p["gamma"] == gamma]
+        found = [p for p in points if p["variant"] == variant and p["gamma"] == gamma]
         assert len(found) == 1, found
         return found[0][field]
 
     return get
 
 
+def _b8_int8(field: str) -> Callable[[Any], Any]:
+    """A field of the batch-8 run's int8 chain at gamma 3."""
+    return lambda d: next(
+        p[field]
+        for p in d["cells"][0]["points"]
+        if p["variant"] == "chain_int8" and p["gamma"] == 3
+    )
+
+
 CURRENT_FIGURES = [
-    _current(_R0, SET, "20 prompts", INT8, "num_examples", "{} prompts"),
-    _current(_R0, SET, "γ 7", INT8, _int8_point(0.0, 7, "gamma"), "γ {}"),
-    _current(_R0, A, "0.936", INT8, _int8_point(0.0, 7, "alpha"), "{:.3f}"),
-    _current(_R0, T, "6.26", INT8, _int8_point(0.0, 7, "tau"), "{:.2f}"),
-    _current(_R0, S, "**2.15x**", INT8, _int8_point(0.0, 7, "speedup"), "**{:.2f}x**"),
-    _current(_R0, S, "(2.31x)", INT8, _int8_point(0.0, 7, "decode_speedup"), "({:.2f}x)"),
-    _current(_R0, S, "13.92 tok/s", INT8, _int8_point(0.0, 7, "speculative_tok_s"), "{:.2f} tok/s"),
+    _current(_R0, SET, "20 prompts", PREFILL, "num_examples", "{} prompts"),
+    _current(_R0, SET, "γ 8", PREFILL, _int8_point(0.0, 8, "gamma"), "γ {}"),
+    _current(_R0, A, "0.938", PREFILL, _int8_point(0.0, 8, "alpha"), "{:.3f}"),
+    _current(_R0, T, "6.83", PREFILL, _int8_point(0.0, 8, "tau"), "{:.2f}"),
+    _current(_R0, S, "**2.33x**", PREFILL, _int8_point(0.0, 8, "speedup"), "**{:.2f}x**"),
+    _current(_R0, S, "(2.52x)", PREFILL, _int8_point(0.0, 8, "decode_speedup"), "({:.2f}x)"),
+    _current(
+        _R0, S, "15.67 tok/s", PREFILL, _int8_point(0.0, 8, "speculative_tok_s"), "{:.2f} tok/s"
+    ),
+    _current(
+        _R0B8, SET, "HumanEval 0-7", PREFILL_B8, "num_examples", lambda n: f"HumanEval 0-{n - 1}"
+    ),
+    _current(_R0B8, SET, "γ 3", PREFILL_B8, _b8_int8("gamma"), "γ {}"),
+    _current(
+        _R0B8,
+        SET,
+        "one batch",
+        PREFILL_B8,
+        "cells[0].batch_size",
+        lambda b: "one batch" if b == 8 else b,
+    ),
+    _current(_R0B8, A, "0.927", PREFILL_B8, _b8_int8("alpha"), "{:.3f}"),
+    _current(_R0B8, T, "3.55", PREFILL_B8, _b8_int8("tau"), "{:.2f}"),
+    _current(_R0B8, S, "**1.38x**", PREFILL_B8, _b8_int8("speedup"), "**{:.2f}x**"),
+    _current(_R0B8, S, "(1.56x)", PREFILL_B8, _b8_int8("decode_speedup"), "({:.2f}x)"),
+    _current(_R0B8, S, "28.55 tok/s", PREFILL_B8, _b8_int8("speculative_tok_s"), "{:.2f} tok/s"),
     _current(_R0T1, SET, "γ 5", INT8, _int8_point(1.0, 5, "gamma"), "γ {}"),
     _current(_R0T1, A, "0.901", INT8, _int8_point(1.0, 5, "alpha"), "{:.3f}"),
     _current(_R0T1, T, "4.49", INT8, _int8_point(1.0, 5, "tau"), "{:.2f}"),
@@ -458,16 +491,16 @@ CURRENT_FIGURES = [
     _current(
         _R5,
         SET,
-        "staged γ 7",
+        "staged γ 8",
         DEMO,
         ("staged_lookahead", "gamma"),
         lambda v: f"staged γ {v[1]}" if v[0] else "chain",
     ),
     _current(_R5, SET, "int8 draft", DEMO, "draft_quantize", "{} draft"),
-    _current(_R5, A, "0.915", DEMO, "alpha", "{:.3f}"),
-    _current(_R5, T, "6.08", DEMO, "tau", "{:.2f}"),
-    _current(_R5, S, "1.78x", DEMO, "speedup", "{:.2f}x"),
-    _current(_R5, S, "(cost model 2.20x)", DEMO, "cost_model_speedup", "(cost model {:.2f}x)"),
+    _current(_R5, A, "0.926", DEMO, "alpha", "{:.3f}"),
+    _current(_R5, T, "6.64", DEMO, "tau", "{:.2f}"),
+    _current(_R5, S, "1.93x", DEMO, "speedup", "{:.2f}x"),
+    _current(_R5, S, "(cost model 2.39x)", DEMO, "cost_model_speedup", "(cost model {:.2f}x)"),
     _current(
         _R5,
         S,
@@ -655,7 +688,7 @@ CURRENT_FIGURES = [
         "# Benchmark notes",
         None,
         None,
-        "the 31 runs",
+        "the 34 runs",
         "benchmarks/**/*.json",
         lambda files: sum(
             isinstance(d, dict) and "read_bandwidth_bytes_s" in d for d in files.values()
@@ -674,21 +707,25 @@ def _quick(row: str, column: str, text: str, file: str, key, fmt="{}") -> Figure
 
 QUICKSTART_FIGURES = [
     _quick(_DEMO_ROW, "time", "42.7 s", UNITS, "peak_rss.bfloat16.load_s", "{:.1f} s"),
-    _quick(_DEMO_ROW, "time", "8.5 s plain", DEMO, "compile_s.plain", "{:.1f} s plain"),
+    _quick(_DEMO_ROW, "time", "8.9 s plain", DEMO, "compile_s.plain", "{:.1f} s plain"),
     _quick(
         _DEMO_ROW,
         "time",
-        "18.5 s speculative",
+        "22.4 s speculative",
         DEMO,
         "compile_s.speculative",
         "{:.1f} s speculative",
     ),
+    _quick(_DEMO_ROW, "time", "12.9 s plain", DEMO, "warmup_s.plain", "{:.1f} s plain"),
+    _quick(
+        _DEMO_ROW, "time", "8.1 s speculative", DEMO, "warmup_s.speculative", "{:.1f} s speculative"
+    ),
     _quick(_DEMO_ROW, "time", "219 tokens", DEMO, "tokens", "{} tokens"),
-    _quick(_DEMO_ROW, "time", "5.80 tok/s plain", DEMO, "plain_tok_s", "{:.2f} tok/s plain"),
+    _quick(_DEMO_ROW, "time", "5.97 tok/s plain", DEMO, "plain_tok_s", "{:.2f} tok/s plain"),
     _quick(
         _DEMO_ROW,
         "time",
-        "10.31 tok/s speculative",
+        "11.53 tok/s speculative",
         DEMO,
         "speculative_tok_s",
         "{:.2f} tok/s speculative",
