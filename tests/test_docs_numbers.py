@@ -297,9 +297,9 @@ def demo_models_gb(data: dict) -> float:
 I39 = "benchmarks/issue39_bf16_t0/benchmark.json"
 I39_T1 = "benchmarks/issue39_bf16_t1_20/benchmark.json"
 DEMO = "benchmarks/demo_prefill/demo.json"
-INT8 = "benchmarks/issue39_int8/benchmark.json"
 PREFILL = "benchmarks/issue39_prefill/benchmark.json"
 PREFILL_B8 = "benchmarks/issue39_batch8_prefill/benchmark.json"
+PREFILL_T1 = "benchmarks/issue39_prefill_t1/benchmark.json"
 SHORTLIST = "benchmarks/issue13/shortlist/benchmark.json"
 I25 = "benchmarks/issue25_table/benchmark.json"
 HF_BF16 = "benchmarks/compare_hf_rerun/compare_hf.json"
@@ -402,13 +402,19 @@ CURRENT_FIGURES = [
     _current(_R0B8, S, "**1.38x**", PREFILL_B8, _b8_int8("speedup"), "**{:.2f}x**"),
     _current(_R0B8, S, "(1.56x)", PREFILL_B8, _b8_int8("decode_speedup"), "({:.2f}x)"),
     _current(_R0B8, S, "28.55 tok/s", PREFILL_B8, _b8_int8("speculative_tok_s"), "{:.2f} tok/s"),
-    _current(_R0T1, SET, "γ 5", INT8, _int8_point(1.0, 5, "gamma"), "γ {}"),
-    _current(_R0T1, A, "0.901", INT8, _int8_point(1.0, 5, "alpha"), "{:.3f}"),
-    _current(_R0T1, T, "4.49", INT8, _int8_point(1.0, 5, "tau"), "{:.2f}"),
-    _current(_R0T1, S, "**1.82x**", INT8, _int8_point(1.0, 5, "speedup"), "**{:.2f}x**"),
-    _current(_R0T1, S, "(1.89x)", INT8, _int8_point(1.0, 5, "decode_speedup"), "({:.2f}x)"),
+    _current(_R0T1, SET, "20 prompts", PREFILL_T1, "num_examples", "{} prompts"),
+    _current(_R0T1, SET, "γ 6", PREFILL_T1, _int8_point(1.0, 6, "gamma"), "γ {}"),
+    _current(_R0T1, A, "0.911", PREFILL_T1, _int8_point(1.0, 6, "alpha"), "{:.3f}"),
+    _current(_R0T1, T, "5.25", PREFILL_T1, _int8_point(1.0, 6, "tau"), "{:.2f}"),
+    _current(_R0T1, S, "**2.00x**", PREFILL_T1, _int8_point(1.0, 6, "speedup"), "**{:.2f}x**"),
+    _current(_R0T1, S, "(2.11x)", PREFILL_T1, _int8_point(1.0, 6, "decode_speedup"), "({:.2f}x)"),
     _current(
-        _R0T1, S, "11.72 tok/s", INT8, _int8_point(1.0, 5, "speculative_tok_s"), "{:.2f} tok/s"
+        _R0T1,
+        S,
+        "12.52 tok/s",
+        PREFILL_T1,
+        _int8_point(1.0, 6, "speculative_tok_s"),
+        "{:.2f} tok/s",
     ),
     _current(_R1, SET, "10 prompts", I39, "num_examples", "{} prompts"),
     _current(_R1, SET, "128 tokens", I39, "feature_lengths.targets", "{} tokens"),
@@ -767,20 +773,20 @@ QUICKSTART_FIGURES = [
         Figure(README, QUICKSTART, None, None, text, DEMO, key, fmt)
         for text, key, fmt in [
             ("219 tokens, batch 1", ("tokens", "batch_size"), "{} tokens, batch {}"),
-            ("α 0.915", "alpha", "α {:.3f}"),
-            ("τ 6.08", "tau", "τ {:.2f}"),
-            ("c 0.238", "c", "c {:.3f}"),
+            ("α 0.926", "alpha", "α {:.3f}"),
+            ("τ 6.64", "tau", "τ {:.2f}"),
+            ("c 0.211", "c", "c {:.3f}"),
             (
-                "42 ms per proposed draft token",
+                "40 ms per proposed draft token",
                 "draft_step_s",
                 lambda s: f"{s * 1e3:.0f} ms per proposed draft token",
             ),
-            ("/ 175 ms", "target_step_s", lambda s: f"/ {s * 1e3:.0f} ms"),
-            ("plain 5.80 tok/s", "plain_tok_s", "plain {:.2f} tok/s"),
-            ("10.31 tok/s", "speculative_tok_s", "{:.2f} tok/s"),
-            ("**1.78x**", "speedup", "**{:.2f}x**"),
-            ("cost model 2.20x", "cost_model_speedup", "cost model {:.2f}x"),
-            ("Thm 3.8 2.25x", "predicted_speedup", "Thm 3.8 {:.2f}x"),
+            ("/ 189 ms", "target_step_s", lambda s: f"/ {s * 1e3:.0f} ms"),
+            ("plain 5.97 tok/s", "plain_tok_s", "plain {:.2f} tok/s"),
+            ("11.53 tok/s", "speculative_tok_s", "{:.2f} tok/s"),
+            ("**1.93x**", "speedup", "**{:.2f}x**"),
+            ("cost model 2.39x", "cost_model_speedup", "cost model {:.2f}x"),
+            ("Thm 3.8 2.51x", "predicted_speedup", "Thm 3.8 {:.2f}x"),
         ]
     ),
 ]
