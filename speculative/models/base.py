@@ -206,7 +206,7 @@ def block_positions(state: DecodeState, length: int, ancestors: Ancestors = None
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16),)
 # Above this many rows (a prefill, a wide verify block) a bfloat16 product is faster with the rows
 # as the left operand: no [N, M] -> [M, N] transpose for the elementwise work after it to read
-# (docs/design.md §9, "Prefill orientation").
+# (docs/design.md §9; docs/benchmarks.md, "Prefill orientation").
 WIDE_ROWS = 32
 
 

@@ -90,7 +90,7 @@ def dense(
     float32: the rows quantised, an int8 x int8 -> int32 product.
 
     The rows are padded to an even count of at least two (XLA:CPU's int8 product of one row takes
-    a slow loop, about 10x the two-row time, as bfloat16 does). The weight is the left operand,
+    a slow loop, about 20x the two-row time, as bfloat16 does). The weight is the left operand,
     as `base.dense` keeps it for a few bfloat16 rows (the real draft's step was slower with the
     rows left); rows_left=True (a prefill's many rows, `base.WIDE_ROWS`) puts the rows left
     instead, 2-3x faster there (docs/benchmarks.md, "Prefill orientation"). The sums are exact
