@@ -241,14 +241,14 @@ def dense(x: jax.Array, kernel: jax.Array, scale: jax.Array | None = None) -> ja
     """
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
-    if scale is not None:
-        wide = rows.shape[0] > WIDE_ROWS
-        return int8.dense(rows, kernel, scale, rows_left=wide).reshape(*lead, kernel.shape[0])
     m = rows.shape[0]
+    wide = m > WIDE_ROWS
+    if scale is not None:
+        return int8.dense(rows, kernel, scale, rows_left=wide).reshape(*lead, kernel.shape[0])
     low = kernel.dtype in LOW_PRECISION
     if m == 1 and not low:
         y = jnp.einsum("mk,nk->mn", rows, kernel)
-    elif low and m > WIDE_ROWS:
+    elif low and wide:
         rows = rows.astype(kernel.dtype)
         y = jnp.einsum("mk,nk->mn", rows, kernel, preferred_element_type=jnp.float32)
     else:

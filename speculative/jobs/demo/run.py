@@ -254,7 +254,7 @@ def print_result(r: dict[str, Any]) -> None:
     gamma = r["gamma"]
     print(
         f"\n{r['target']} <- draft {r['draft']} (head shortlist: {r['draft_shortlist'] or 'off'}, "
-        f"weights: {'int8' if r.get('draft_quantize') == 'int8' else r['dtype']}): "
+        f"weights: {'int8' if r['draft_quantize'] == 'int8' else r['dtype']}): "
         f"{r['tokens']} tokens, batch {r['batch_size']}, {r['dtype']}, "
         + (f"tree {r['tree']} (depth {gamma})" if r["tree"] else f"gamma {gamma}")
     )
