@@ -49,13 +49,22 @@ NEVER = 1 << 30  # a WIDE_ROWS no call reaches: every product weight-left
 ROUTINGS = ("weight_left", "now", "int8_widened")
 
 
-def weight_left(x: jax.Array, w: jax.Array) -> jax.Array:
-    product = jnp.einsum("nk,mk->nm", w, x.astype(BF16), preferred_element_type=F32)
-    return jax.lax.optimization_barrier(product).T
+def ordered(order: str):
+    """`base.dense` with every product in one operand order ('weight_left' or 'rows_left'),
+    whatever the row count: `WIDE_ROWS` is set while the call is traced."""
+    wide = NEVER if order == "weight_left" else 0
+
+    def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+        saved, base.WIDE_ROWS = base.WIDE_ROWS, wide
+        try:
+            return base.dense(x, w)
+        finally:
+            base.WIDE_ROWS = saved
+
+    return dense
 
 
-def rows_left(x: jax.Array, w: jax.Array) -> jax.Array:
-    return jnp.einsum("mk,nk->mn", x.astype(BF16), w, preferred_element_type=F32)
+weight_left, rows_left = ordered("weight_left"), ordered("rows_left")
 
 
 def median_interleaved(fns: dict, *args, repeats: int = 5) -> dict[str, float]:
