@@ -355,7 +355,8 @@ def cross_point(temperature: float, gamma: int) -> Callable[[Any], dict[str, Any
 def _int8_point(
     temperature: float, gamma: int, field: str, variant: str = "staged_int8"
 ) -> Callable[[Any], Any]:
-    """A field of an int8 table's staged int8 point at one temperature and gamma."""
+    """A field of an int8 table's point of `variant` (the staged int8 draft unless named) at one
+    temperature and gamma."""
 
     def get(data: Any) -> Any:
         points = lookup(data, f"cells[temperature={temperature}].points")
@@ -366,55 +367,56 @@ def _int8_point(
     return get
 
 
-def _b8_int8(field: str) -> Callable[[Any], Any]:
-    """A field of the batch-8 run's int8 chain at gamma 3."""
-    return lambda d: next(
-        p[field]
-        for p in d["cells"][0]["points"]
-        if p["variant"] == "chain_int8" and p["gamma"] == 3
+def _point_figures(
+    row: str, file: str, point: Callable[[str], Callable[[Any], Any]], texts: tuple[str, ...]
+) -> list[Figure]:
+    """A Current-numbers row's figures of one benchmark point: texts are the doc's γ, α, τ,
+    speedup, decode-only speedup and tok/s, in that order; point(field) reads a field of it."""
+    columns = (
+        (SET, "gamma", "γ {}"),
+        (A, "alpha", "{:.3f}"),
+        (T, "tau", "{:.2f}"),
+        (S, "speedup", "**{:.2f}x**"),
+        (S, "decode_speedup", "({:.2f}x)"),
+        (S, "speculative_tok_s", "{:.2f} tok/s"),
     )
+    return [
+        _current(row, column, text, file, point(field), fmt)
+        for text, (column, field, fmt) in zip(texts, columns, strict=True)
+    ]
 
 
 CURRENT_FIGURES = [
     _current(_R0, SET, "20 prompts", PREFILL, "num_examples", "{} prompts"),
-    _current(_R0, SET, "γ 8", PREFILL, _int8_point(0.0, 8, "gamma"), "γ {}"),
-    _current(_R0, A, "0.938", PREFILL, _int8_point(0.0, 8, "alpha"), "{:.3f}"),
-    _current(_R0, T, "6.83", PREFILL, _int8_point(0.0, 8, "tau"), "{:.2f}"),
-    _current(_R0, S, "**2.33x**", PREFILL, _int8_point(0.0, 8, "speedup"), "**{:.2f}x**"),
-    _current(_R0, S, "(2.52x)", PREFILL, _int8_point(0.0, 8, "decode_speedup"), "({:.2f}x)"),
-    _current(
-        _R0, S, "15.67 tok/s", PREFILL, _int8_point(0.0, 8, "speculative_tok_s"), "{:.2f} tok/s"
+    *_point_figures(
+        _R0,
+        PREFILL,
+        lambda field: _int8_point(0.0, 8, field),
+        ("γ 8", "0.938", "6.83", "**2.33x**", "(2.52x)", "15.67 tok/s"),
     ),
     _current(
         _R0B8, SET, "HumanEval 0-7", PREFILL_B8, "num_examples", lambda n: f"HumanEval 0-{n - 1}"
     ),
-    _current(_R0B8, SET, "γ 3", PREFILL_B8, _b8_int8("gamma"), "γ {}"),
     _current(
         _R0B8,
         SET,
         "one batch",
         PREFILL_B8,
         "cells[0].batch_size",
-        lambda b: "one batch" if b == 8 else b,
+        lambda b: "one batch" if b == 8 else f"batch {b}",
     ),
-    _current(_R0B8, A, "0.927", PREFILL_B8, _b8_int8("alpha"), "{:.3f}"),
-    _current(_R0B8, T, "3.55", PREFILL_B8, _b8_int8("tau"), "{:.2f}"),
-    _current(_R0B8, S, "**1.38x**", PREFILL_B8, _b8_int8("speedup"), "**{:.2f}x**"),
-    _current(_R0B8, S, "(1.56x)", PREFILL_B8, _b8_int8("decode_speedup"), "({:.2f}x)"),
-    _current(_R0B8, S, "28.55 tok/s", PREFILL_B8, _b8_int8("speculative_tok_s"), "{:.2f} tok/s"),
+    *_point_figures(
+        _R0B8,
+        PREFILL_B8,
+        lambda field: _int8_point(0.0, 3, field, "chain_int8"),
+        ("γ 3", "0.927", "3.55", "**1.38x**", "(1.56x)", "28.55 tok/s"),
+    ),
     _current(_R0T1, SET, "20 prompts", PREFILL_T1, "num_examples", "{} prompts"),
-    _current(_R0T1, SET, "γ 6", PREFILL_T1, _int8_point(1.0, 6, "gamma"), "γ {}"),
-    _current(_R0T1, A, "0.911", PREFILL_T1, _int8_point(1.0, 6, "alpha"), "{:.3f}"),
-    _current(_R0T1, T, "5.25", PREFILL_T1, _int8_point(1.0, 6, "tau"), "{:.2f}"),
-    _current(_R0T1, S, "**2.00x**", PREFILL_T1, _int8_point(1.0, 6, "speedup"), "**{:.2f}x**"),
-    _current(_R0T1, S, "(2.11x)", PREFILL_T1, _int8_point(1.0, 6, "decode_speedup"), "({:.2f}x)"),
-    _current(
+    *_point_figures(
         _R0T1,
-        S,
-        "12.52 tok/s",
         PREFILL_T1,
-        _int8_point(1.0, 6, "speculative_tok_s"),
-        "{:.2f} tok/s",
+        lambda field: _int8_point(1.0, 6, field),
+        ("γ 6", "0.911", "5.25", "**2.00x**", "(2.11x)", "12.52 tok/s"),
     ),
     _current(_R1, SET, "10 prompts", I39, "num_examples", "{} prompts"),
     _current(_R1, SET, "128 tokens", I39, "feature_lengths.targets", "{} tokens"),
