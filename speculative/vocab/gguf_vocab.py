@@ -9,16 +9,14 @@ Hugging Face tokenizer.json files (llama.cpp uses the same splits).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from speculative.checkpoints.gguf_io import metadata_value, open_gguf
+from speculative.vocab import chat
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -84,16 +82,10 @@ def build_tokenizer(
     return tok
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _raise(message: str):
-    raise jinja2.exceptions.TemplateError(message)
-
-
 class GGUFVocabulary:
     """`speculative.vocab.Vocabulary` over a GGUF file's BPE tokenizer."""
+
+    chat_template_sought = "tokenizer.chat_template"  # where `vocab.chat` looked, for its error
 
     def __init__(
         self,
@@ -106,6 +98,7 @@ class GGUFVocabulary:
         add_bos: bool = False,
         chat_template: str | None = None,
         source: str | None = None,
+        other_specials: Mapping[str, int | None] | None = None,
     ):
         self.source = source  # the GGUF file, for messages
         self._tokens = tuple(tokens)
@@ -115,6 +108,12 @@ class GGUFVocabulary:
         self.bos_id = None if bos_id is None else int(bos_id)
         self.add_bos = bool(add_bos)
         self.chat_template = chat_template
+        # unk_token / pad_token ids, when the file names them (a template may print them)
+        self._other_specials = {
+            k: int(v)
+            for k, v in (other_specials or {}).items()
+            if v is not None and 0 <= v < len(tokens)
+        }
 
     @property
     def tokens(self) -> Sequence[str]:
@@ -147,31 +146,25 @@ class GGUFVocabulary:
             ids = [i for i in ids if i not in self._special_ids]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The special tokens a chat template may print (transformers' names)."""
+        ids = {"bos_token": self.bos_id, "eos_token": self.eos_id, **self._other_specials}
+        return {name: self._tokens[i] for name, i in ids.items() if i is not None}
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a rendered chat conversation: no BOS added (its template writes one)."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """Renders the file's `tokenizer.chat_template` (jinja2, as transformers does)."""
-        if not self.chat_template:
-            raise ValueError(f"{self.source or 'this GGUF file'}: no tokenizer.chat_template")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
-        template = env.from_string(self.chat_template)
-        named = {
-            "bos_token": None if self.bos_id is None else self._tokens[self.bos_id],
-            "eos_token": self._tokens[self.eos_id],
-        }
-        return template.render(
-            messages=[dict(m) for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            **{k: v or "" for k, v in named.items()},
-        )
+        """Renders the file's `tokenizer.chat_template` as transformers does (`vocab.chat`)."""
+        return chat.find_template(self).render(messages, add_generation_prompt)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """encode(apply_chat_template(messages)) with the assistant turn opened."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=True))
+        """The ids of apply_chat_template(messages) with the assistant turn opened."""
+        return self.encode_rendered(self.apply_chat_template(messages, add_generation_prompt=True))
 
 
 def from_gguf(path: str | os.PathLike) -> GGUFVocabulary:
@@ -200,6 +193,10 @@ def from_gguf(path: str | os.PathLike) -> GGUFVocabulary:
             add_bos=metadata_value(reader, "tokenizer.ggml.add_bos_token", False),
             chat_template=metadata_value(reader, "tokenizer.chat_template"),
             source=str(path),
+            other_specials={
+                "unk_token": metadata_value(reader, "tokenizer.ggml.unknown_token_id"),
+                "pad_token": metadata_value(reader, "tokenizer.ggml.padding_token_id"),
+            },
         )
     except (ValueError, TypeError) as e:  # pre-tokenizer, duplicate tokens, malformed merges
         raise ValueError(f"{path}: {e}") from e

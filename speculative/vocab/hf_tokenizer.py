@@ -17,11 +17,22 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from speculative.vocab import chat
+
 _END_OF_TEXT = ("<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>")
 
 
 class HFTokenizerVocabulary:
-    """`speculative.vocab.Vocabulary` over a `tokenizers.Tokenizer`."""
+    """`speculative.vocab.Vocabulary` over a `tokenizers.Tokenizer`.
+
+    chat_template / chat_template_source / special_tokens: what the directory's chat_template.jinja
+    or tokenizer_config.json hold (`vocab.chat.from_hf_directory`; None / {} without them).
+    """
+
+    chat_template_sought = "chat_template.jinja or tokenizer_config.json's chat_template"
+    chat_template: str | None = None
+    chat_template_source: str | None = None
+    special_tokens: dict[str, str] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
     def __init__(
         self,
@@ -59,6 +70,11 @@ class HFTokenizerVocabulary:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a rendered chat conversation: no special tokens added (as transformers'
+        apply_chat_template tokenizes; the template writes BOS itself)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in ids]
@@ -120,5 +136,10 @@ def from_hf(path: str | os.PathLike) -> HFTokenizerVocabulary:
         tokenizer = Tokenizer.from_file(file)
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise ValueError(f"{file}: not a tokenizers tokenizer.json: {e}") from e
-    eos, others = _eos(tokenizer, os.path.dirname(file) or ".")
-    return HFTokenizerVocabulary(tokenizer, eos, others, source=file)
+    directory = os.path.dirname(file) or "."
+    eos, others = _eos(tokenizer, directory)
+    vocabulary = HFTokenizerVocabulary(tokenizer, eos, others, source=file)
+    template, where, specials = chat.from_hf_directory(directory)
+    vocabulary.chat_template, vocabulary.chat_template_source = template, where
+    vocabulary.special_tokens = specials
+    return vocabulary
