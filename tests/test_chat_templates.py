@@ -86,7 +86,7 @@ CONVERSATIONS = [
     [
         {"role": "user", "content": "  Write add(a, b).  "},
         {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
-        {"role": "user", "content": "Now with \"types\" and 日本語 comments."},
+        {"role": "user", "content": 'Now with "types" and 日本語 comments.'},
     ],
 ]
 WITH_SYSTEM = [{"role": "system", "content": "  Be brief. "}, *CONVERSATIONS[1]]

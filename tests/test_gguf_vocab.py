@@ -193,5 +193,7 @@ def test_errors(tmp_path):
     no_template = from_gguf(
         gt.write_tokenizer_only(tmp_path / "d.gguf", **dict(meta, chat_template=None))
     )
-    with pytest.raises(ValueError, match=r"d\.gguf: no chat template \(looked for tokenizer.chat_template\)"):
+    with pytest.raises(
+        ValueError, match=r"d\.gguf: no chat template \(looked for tokenizer.chat_template\)"
+    ):
         no_template.apply_chat_template([{"role": "user", "content": "hi"}])

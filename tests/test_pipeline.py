@@ -10,6 +10,7 @@ import pytest
 
 import speculative
 from speculative.errors import JobError
+from speculative.jobs import pairs
 from speculative.notebook import pipeline
 from tests.helpers import tiny_decoder_model
 
@@ -44,30 +45,30 @@ def test_sampled_generation_follows_the_seed():
 
 
 def test_formats_are_inferred_from_names_and_paths(tmp_path):
-    assert pipeline.infer_format("qwen2.5-coder-0.5b") == "gguf"
-    assert pipeline.infer_format(str(tmp_path / "m.gguf")) == "gguf"
+    assert pairs.infer_format("qwen2.5-coder-0.5b") == "gguf"
+    assert pairs.infer_format(str(tmp_path / "m.gguf")) == "gguf"
     for model_type, fmt in (("llama", "hf"), ("qwen2", "hf"), ("t5", "hf_t5")):
         d = tmp_path / model_type
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"model_type": model_type}))
-        assert pipeline.infer_format(str(d)) == fmt
+        assert pairs.infer_format(str(d)) == fmt
     t5x = tmp_path / "checkpoint_100"
     t5x.mkdir()
     (t5x / "checkpoint").write_bytes(b"")
-    assert pipeline.infer_format(str(t5x)) == "t5x"
+    assert pairs.infer_format(str(t5x)) == "t5x"
     with pytest.raises(JobError, match="needs its architecture"):
-        pipeline.model_spec(str(t5x))
+        pairs.model_spec(str(t5x))
     with pytest.raises(JobError, match="not a registry name"):
-        pipeline.infer_format(str(tmp_path / "missing"))
+        pairs.infer_format(str(tmp_path / "missing"))
     with pytest.raises(JobError, match="cannot tell the format"):
-        pipeline.infer_format(str(tmp_path))
+        pairs.infer_format(str(tmp_path))
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad/config.json").write_text("{")
     with pytest.raises(JobError, match="config.json is not readable JSON"):
-        pipeline.infer_format(str(tmp_path / "bad"))
+        pairs.infer_format(str(tmp_path / "bad"))
     (tmp_path / "bad/config.json").write_text("[1]")
     with pytest.raises(JobError, match="config.json is not a JSON object"):
-        pipeline.infer_format(str(tmp_path / "bad"))
+        pairs.infer_format(str(tmp_path / "bad"))
 
 
 def test_load_errors_are_the_jobs_one_line_errors():

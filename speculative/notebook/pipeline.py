@@ -19,9 +19,7 @@ and one-line `JobError`s naming the role and the file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import pathlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,64 +31,10 @@ from speculative import decoding, vocab
 from speculative.data import inputs
 from speculative.errors import JobError, check_slot
 from speculative.jobs import common
-from speculative.jobs import config as job_config
-from speculative.loading import fetch
+from speculative.jobs.pairs import decode_arguments, model_spec, vocab_spec
 from speculative.loading import specs as ml
 from speculative.measure import metrics
 from speculative.outputs import logs
-
-
-def infer_format(source: str) -> str:
-    """The `ModelSpec.format` of a registry name or path: 'gguf', 'hf', 'hf_t5' or 't5x'."""
-    if source in fetch.MODELS or source.endswith(".gguf"):
-        return "gguf"
-    path = pathlib.Path(source).expanduser()
-    config = path / "config.json"
-    if config.is_file():
-        try:
-            fields = json.loads(config.read_text())
-        except (OSError, ValueError) as e:
-            raise JobError(f"config.json is not readable JSON: {e}", path=str(config)) from None
-        if not isinstance(fields, dict):
-            raise JobError("config.json is not a JSON object", path=str(config))
-        model_type = fields.get("model_type")
-        return "hf_t5" if model_type in ("t5", "mt5", "umt5") else "hf"
-    if (path / "checkpoint").is_file() or (path / "_CHECKPOINT_METADATA").is_file():
-        return "t5x"
-    if not path.exists():
-        known = ", ".join(sorted(fetch.MODELS))
-        raise JobError(f"no such file or directory, and not a registry name ({known})", path=source)
-    raise JobError(
-        "cannot tell the format: expected a .gguf file, a Hugging Face directory (config.json) or "
-        "a T5X checkpoint directory; pass a speculative.ModelSpec instead",
-        path=source,
-    )
-
-
-def model_spec(source: str | ml.ModelSpec, model: Any = None, dtype: str = "auto") -> Any:
-    """A `ModelSpec` for a name or path (a spec, or a `DraftSpec`, is returned as is)."""
-    if not isinstance(source, str):
-        return source
-    fmt = infer_format(source)
-    if fmt == "t5x" and model is None:
-        raise JobError("a T5X checkpoint needs its architecture: pass target_model= / draft_model=")
-    path = (
-        source
-        if fmt == "gguf" and source in fetch.MODELS
-        else str(pathlib.Path(source).expanduser())
-    )
-    return ml.ModelSpec(fmt, path, model, dtype)
-
-
-def vocab_spec(spec: ml.ModelSpec) -> ml.VocabSpec:
-    """The vocabulary that comes with a model's checkpoint (GGUF, Hugging Face directories)."""
-    if spec.format == "gguf":
-        return ml.VocabSpec("gguf", spec.path)
-    if spec.format == "hf":
-        return ml.VocabSpec("hf", spec.path)
-    if spec.format == "hf_t5" and (pathlib.Path(spec.path) / "spiece.model").is_file():
-        return ml.VocabSpec("sentencepiece", str(pathlib.Path(spec.path) / "spiece.model"))
-    raise JobError(f"format {spec.format!r} carries no vocabulary: pass vocabulary=", role="target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,38 +52,6 @@ class Generation:
     tokens: list[list[int]]
     stats: dict[str, Any]
     seconds: float
-
-
-def decode_arguments(
-    stops: tuple[int, ...],
-    max_new_tokens: Any,
-    gamma: Any,
-    tree: Any,
-    acceptance: Any,
-    temperature: Any,
-    top_k: Any,
-    top_p: Any,
-    seed: Any,
-) -> tuple[decoding.DecodeConfig, decoding.DecodeConfig, jax.Array]:
-    """`Pair.generate`'s arguments as (the plain decode's config, the speculative decode's config,
-    the key), for `decoding.decode`. Each is refused as the jobs refuse it (`job_config`'s checks,
-    their messages; the speculation settings by `job_config.speculation_spec`: a gamma given with
-    a tree must be its depth). Left unset, gamma is the tree's depth, or
-    `job_config.DEFAULT_GAMMA` for a chain."""
-    job_config.check_count("max_new_tokens", max_new_tokens)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise JobError(f"seed must be an integer, got {seed!r}")
-    sampling = job_config.check_sampling(temperature, top_k, top_p)
-    if gamma is not None:
-        job_config.check_gamma(gamma, auto=False)
-    if tree is None and gamma is None:
-        gamma = job_config.DEFAULT_GAMMA
-    spec = job_config.speculation_spec(
-        gamma, tree, decoding.GammaPolicy(), 1.0, acceptance, sampling
-    )  # the jobs' one check of the speculation settings, in their words
-    plain = decoding.DecodeConfig(max_new_tokens, stops, sampling)
-    speculative = decoding.DecodeConfig.from_spec(spec, max_new_tokens, stops, sampling)
-    return plain, speculative, jax.random.PRNGKey(seed)
 
 
 def prompt_texts(prompts: Any) -> list[str]:

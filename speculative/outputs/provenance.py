@@ -58,3 +58,40 @@ def record(gin_config: str | None, path: str | os.PathLike = PACKAGE_DIR) -> dic
     identifies the code outside a checkout) and gin_config (the operative gin config text; None for
     a job without gin)."""
     return {**git_state(path), "version": __version__, "gin_config": gin_config}
+
+
+_CPU_FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2")
+
+
+def environment() -> dict[str, Any]:
+    """Where a result was measured: the time (UTC), the command line, jax / jaxlib versions, the
+    devices, the CPU model and its matrix-unit flags (Linux's /proc/cpuinfo; null elsewhere)."""
+    import datetime
+    import platform
+    import sys
+
+    import jax
+    import jaxlib
+
+    cpu, flags = None, []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and cpu is None:
+                    cpu = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = [x for x in _CPU_FLAGS if x in value.split()]
+    except OSError:
+        pass
+    return {
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "devices": sorted({d.device_kind for d in jax.devices()}),
+        "cpu": cpu,
+        "cpu_flags": flags,
+        "cores": os.cpu_count(),
+    }

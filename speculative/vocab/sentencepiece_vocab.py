@@ -131,6 +131,10 @@ class ByteVocabulary(_T5Vocabulary):
             ids.extend([part] if kind == "id" else [b + self.OFFSET for b in part.encode("utf-8")])
         return ids
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """A rendered chat conversation's ids: its bytes (byte ids add no special tokens)."""
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> text, stopping at EOS; invalid UTF-8 is dropped (seqio uses errors='ignore')."""
         out: list[str] = []
