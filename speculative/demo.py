@@ -16,7 +16,11 @@ batch (the first touch of its weights and buffers), are reported apart.
 
     python -m speculative.demo [--prompts 3] [--max_decode_len 128] [--gamma 8] [--staged 3]
         [--tree 2,1,1,1,1,1] [--dtype auto] [--draft_shortlist 32768] [--draft_quantize auto]
-        [--temperature 0]
+        [--temperature 0] [--chat "What is speculative decoding?" ...]
+
+With --chat each question is asked as a user turn through the target's own chat template (the
+GGUF file's tokenizer.chat_template, rendered as transformers renders it; --chat_template gives
+another), instead of the HumanEval prompts.
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_model_arguments(parser)
     parser.add_argument("--prompts", type=int, default=3, help="first N HumanEval problems")
+    parser.add_argument(
+        "--chat",
+        action="append",
+        default=[],
+        metavar="QUESTION",
+        help="ask this question through the target's chat template instead of the HumanEval "
+        "prompts (repeatable: one prompt each)",
+    )
+    parser.add_argument(
+        "--chat_template",
+        default=None,
+        help="with --chat: the template text or a .jinja file; unset: the model's own",
+    )
     parser.add_argument(
         "--batch_size",
         type=int,

@@ -23,6 +23,7 @@ from speculative.config import configurables, gin_flags
 from speculative.drafts import registry
 from speculative.errors import JobError
 from speculative.jobs import config as job_config
+from speculative.jobs.spec_bench import config as spec_bench_config
 from speculative.loading import specs as model_loading
 from speculative.models import t5
 
@@ -79,6 +80,8 @@ def _parse_binding_required_to_none(files: list[str]) -> None:
 
 def _job_config():
     text = gin.config_str()
+    if "SpecBenchConfig" in text:
+        return spec_bench_config.SpecBenchConfig()
     if "BenchmarkConfig.target" in text:  # configs/drafts/* bind the draft of both jobs
         return job_config.BenchmarkConfig()
     return job_config.InferConfig()
@@ -169,7 +172,9 @@ def test_gin_file_parses_and_binds(path):
             hash(spec.model)  # a static jit argument
         else:
             assert spec.model is None, role  # architecture comes from the checkpoint
-    if not _rel(path).startswith(("configs/runs/", "configs/drafts/")):  # drafts: no vocabulary
+    if isinstance(cfg, spec_bench_config.SpecBenchConfig):  # vocabulary None: the target's own
+        assert cfg.vocabulary is None or isinstance(cfg.vocabulary, model_loading.VocabSpec)
+    elif not _rel(path).startswith(("configs/runs/", "configs/drafts/")):  # drafts: none
         assert isinstance(cfg.vocabulary, model_loading.VocabSpec)
 
 

@@ -38,6 +38,33 @@ def test_generate_from_strings_is_exact_and_reports_stats():
     assert pair.generate("x", max_new_tokens=24, gamma=3, tree=(2, 1, 1)).tokens == tree.tokens
 
 
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_chat_messages_in_text_out_through_the_template():
+    pair = speculative.load_pair(random_spec(2, 0), random_spec(1, 0), vocabulary=BYTES)
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a prime."},
+    ]
+    answer = pair.chat(conversation, chat_template=TEMPLATE, max_new_tokens=16, gamma=3)
+    rendered = "<system>Be brief.\n<user>Name a prime.\n<assistant>"
+    same = pair.generate(rendered, max_new_tokens=16, speculative=False)
+    assert answer.tokens == same.tokens and answer.texts == same.texts  # the rendered prompt
+    assert answer.stats["drafted"] > 0
+    batch = pair.chat([conversation, conversation[1:]], chat_template=TEMPLATE, max_new_tokens=16)
+    assert batch.tokens[0] == answer.tokens and len(batch.texts) == 2
+    with pytest.raises(JobError, match="chat template .*no chat template"):
+        pair.chat(conversation)  # a byte vocabulary carries none
+    with pytest.raises(JobError, match="refused the messages: .*'persona'"):
+        pair.chat(conversation, chat_template="{{ persona }}")
+    with pytest.raises(JobError, match="message 0 has no role"):
+        pair.chat([{"content": "x"}], chat_template=TEMPLATE)
+
+
 def test_sampled_generation_follows_the_seed():
     pair = speculative.load_pair(random_spec(2, 0), random_spec(1, 0), vocabulary=BYTES)
     a, b, c = (pair.generate("abc", max_new_tokens=16, temperature=1.0, seed=s) for s in (5, 5, 6))

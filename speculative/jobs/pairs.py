@@ -81,12 +81,13 @@ def decode_arguments(
     top_k: Any,
     top_p: Any,
     seed: Any,
+    gamma_policy: Any = None,
 ) -> tuple[decoding.DecodeConfig, decoding.DecodeConfig, jax.Array]:
     """`Pair.generate`'s arguments as (the plain decode's config, the speculative decode's config,
     the key), for `decoding.decode`. Each is refused as the jobs refuse it (`job_config`'s checks,
     their messages; the speculation settings by `job_config.speculation_spec`: a gamma given with
     a tree must be its depth). Left unset, gamma is the tree's depth, or
-    `job_config.DEFAULT_GAMMA` for a chain."""
+    `job_config.DEFAULT_GAMMA` for a chain; gamma_policy (a `decoding.GammaPolicy`), unset, fixed."""
     job_config.check_count("max_new_tokens", max_new_tokens)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise JobError(f"seed must be an integer, got {seed!r}")
@@ -96,7 +97,7 @@ def decode_arguments(
     if tree is None and gamma is None:
         gamma = job_config.DEFAULT_GAMMA
     spec = job_config.speculation_spec(
-        gamma, tree, decoding.GammaPolicy(), 1.0, acceptance, sampling
+        gamma, tree, gamma_policy or decoding.GammaPolicy(), 1.0, acceptance, sampling
     )  # the jobs' one check of the speculation settings, in their words
     plain = decoding.DecodeConfig(max_new_tokens, stops, sampling)
     speculative = decoding.DecodeConfig.from_spec(spec, max_new_tokens, stops, sampling)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -35,6 +35,7 @@ from speculative.jobs.pairs import decode_arguments, model_spec, vocab_spec
 from speculative.loading import specs as ml
 from speculative.measure import metrics
 from speculative.outputs import logs
+from speculative.vocab import chat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,15 +128,64 @@ class Pair:
         True
         """
         texts = prompt_texts(prompts)
+        examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
+        ids = inputs.tokenize(examples, self.vocabulary, self.target.model.is_encoder_decoder)
+        options = (max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed)
+        return self.decode_ids(ids, speculative, *options)
+
+    def chat(
+        self,
+        messages: Sequence[Any],
+        *,
+        chat_template: str | None = None,
+        template_vars: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Generation:
+        """Answers a conversation, or a batch of them, through the target's chat template: messages
+        in ({'role': ..., 'content': ...} dicts; a list of such lists for a batch), the
+        assistant's next turn out, as `generate` decodes (same keyword options).
+
+        chat_template: the template text or a .jinja path; unset, the model's own (a GGUF file's
+        tokenizer.chat_template, a Hugging Face directory's chat_template.jinja or
+        tokenizer_config.json). Rendered as transformers' apply_chat_template renders it
+        (`vocab.chat`), with the assistant's turn opened, and tokenized with no special tokens
+        added. A model without a template, a template that refuses the messages or a variable it
+        is not given: one-line `JobError`.
+        """
+        single = bool(messages) and isinstance(messages[0], Mapping)
+        conversations = [messages] if single else list(messages)
+        if not conversations:
+            raise JobError("chat needs a conversation: a non-empty list of messages")
+        try:
+            template = chat.find_template(self.vocabulary, chat_template)
+            texts = [template.render(c, template_vars=template_vars) for c in conversations]
+            ids = [chat.encode_rendered(self.vocabulary, text) for text in texts]
+        except ValueError as e:
+            raise JobError(str(e), role="chat template") from None
+        return self.decode_ids(ids, options.pop("speculative", True), **options)
+
+    def decode_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        speculative: bool = True,
+        max_new_tokens: int = 64,
+        gamma: int | None = None,
+        tree: Any = None,
+        acceptance: str = "token",
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> Generation:
+        """Decodes token-id prompts (one batch, right-padded): `generate` and `chat` after their
+        prompts are tokenized."""
         if not isinstance(speculative, bool):
             raise JobError(f"speculative must be True or False, got {speculative!r}")
         stops = vocab.stop_ids(self.vocabulary)
         plain, drafting, rng = decode_arguments(
             stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
         )
-        examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
         model = self.target.model
-        ids = inputs.tokenize(examples, self.vocabulary, model.is_encoder_decoder)
         batch = inputs.make_batch(ids, model.is_encoder_decoder)
         start = time.perf_counter()
         if self.draft is None or not speculative:  # drafting's arguments checked, then unused
@@ -147,7 +197,7 @@ class Pair:
             )  # fmt: skip
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - start
-        tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(texts))]
+        tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(ids))]
         decoded = [self.vocabulary.decode([t for t in row if t not in stops]) for row in tokens]
         return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
 

@@ -29,6 +29,7 @@ from speculative.loading import fetch
 from speculative.measure import metrics, runner, timing
 from speculative.models import decoder, int8, precision
 from speculative.outputs import provenance
+from speculative.vocab import chat
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,22 @@ def draft_quantization(args: argparse.Namespace) -> precision.Route:
     return precision.resolve_draft_quantization(requested)
 
 
+def prompts(args: argparse.Namespace, vocabulary: Any) -> list[inputs.Example]:
+    """The first --prompts HumanEval problems, or each --chat question as a user turn rendered
+    through the chat template (the model's own unless --chat_template), tokenized as rendered."""
+    if not args.chat:
+        return inputs.read_examples("humaneval", limit=args.prompts)
+    try:
+        template = chat.find_template(vocabulary, args.chat_template)
+        texts = [template.render([{"role": "user", "content": q}]) for q in args.chat]
+    except ValueError as e:
+        raise JobError(str(e), role="chat template") from None
+    return [
+        inputs.Example(i, text, ids=tuple(chat.encode_rendered(vocabulary, text)))
+        for i, text in enumerate(texts)
+    ]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The demo for parsed command-line arguments (speculative/demo.py): loads, decodes, prints
     and writes args.out; returns what it wrote."""
@@ -298,7 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vocab.check_compatible(draft.vocabulary, target.vocabulary)
     except LOADER_ERRORS as e:
         raise JobError(" ".join(str(e).split()), role="demo") from e
-    examples = inputs.read_examples("humaneval", limit=args.prompts)
+    examples = prompts(args, target.vocabulary)
     draft = with_shortlist(draft, args.draft_shortlist, examples)
     quantize = draft_quantization(args)
     if quantize.dtype == "int8":  # half the draft's bytes (models/int8.py); exact

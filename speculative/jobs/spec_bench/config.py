@@ -29,7 +29,7 @@ class SpecBenchConfig:
       tokenizer.chat_template, a Hugging Face directory's). system: a system turn first (None:
       whatever the template does without one).
     max_new_tokens: tokens per answer at most; gamma / tree / acceptance / sampling / seed: as
-      `Pair.generate` takes them. plain: plain decoding of the target run too, question by
+      `Pair.generate` takes them; gamma_policy: a `decoding.GammaPolicy` (None: fixed). plain: plain decoding of the target run too, question by
       question before the speculative one (the baseline of every speedup).
     width_multiple: prompts are padded up to a multiple of this (few compilations).
     """
@@ -46,6 +46,7 @@ class SpecBenchConfig:
     system: str | None = None
     max_new_tokens: int = 256
     gamma: int | None = None
+    gamma_policy: Any = None
     tree: Any = None
     acceptance: str = "token"
     temperature: float = 0.0

@@ -77,7 +77,7 @@ def prepare(cfg: SpecBenchConfig) -> Prepared:
     stops = vocab.stop_ids(vocabulary)
     plain, drafting, _ = pipeline.decode_arguments(
         stops, cfg.max_new_tokens, cfg.gamma, cfg.tree, cfg.acceptance, cfg.temperature,
-        cfg.top_k, cfg.top_p, cfg.seed,
+        cfg.top_k, cfg.top_p, cfg.seed, cfg.gamma_policy,
     )  # fmt: skip
     return Prepared(chosen, vocabulary, template, stops, plain, drafting, cfg.seed)
 
@@ -173,16 +173,15 @@ def run(cfg: SpecBenchConfig) -> dict[str, Any]:
             f"{len(todo)} to ask"
         )
         compile_s: dict[str, float] = {}
-        warmup_s: dict[str, float] = {}
+        warmup_s: dict[str, float] = {}  # each program's first run, untimed
         start = time.perf_counter()
         if todo:
             programs, context = load_programs(cfg, prepared)
             for done, index in enumerate(todo, 1):
                 store.append([ask(cfg, prepared, programs, context, index)])
                 log.info(f"question {prepared.questions[index].question_id}: {done}/{len(todo)}")
-            for (name, width), seconds in programs.compile_s.items():
-                compile_s[f"{name}@{width}"] = seconds
-                warmup_s[f"{name}@{width}"] = programs.warmup_s[(name, width)]
+            compile_s = {f"{n}@{w}": s for (n, w), s in programs.compile_s.items()}
+            warmup_s = {f"{n}@{w}": s for (n, w), s in programs.warmup_s.items()}
         rows = store.rows()
         summary = {
             "scores": scoring.summarize(rows),
