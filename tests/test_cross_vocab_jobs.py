@@ -277,3 +277,27 @@ def test_partitioned_on_4_host_devices(tmp_path):
     helpers.run_pytest_on_host_devices(
         ["tests/test_cross_vocab_sharded.py"], tmp_path / "cross.xml", min_tests=2, devices=4
     )
+
+
+def test_the_notebook_gives_a_draft_with_its_own_tokenizer_the_text(tmp_path):
+    """`load_pair` with a draft GGUF of another tokenizer: `generate` and `chat` hand the draft
+    each prompt's text in its own tokens (issue 54), not the target's ids spelled through the
+    tables; the output stays the target's own (greedy identity with plain decoding)."""
+    import speculative
+
+    target = write_bpe_model(_trained(TARGET_TEXT, 300, "<|endoftext|>"), tmp_path / "t.gguf", 0)
+    draft = write_bpe_model(_trained(DRAFT_TEXT, 280, "</s>"), tmp_path / "d.gguf", 1)
+    pair = speculative.load_pair(str(target), str(draft), dtype="float32")
+    assert isinstance(pair.draft.model, cross_vocab.CrossVocabDrafter)
+    texts = [TARGET_TEXT[0], DRAFT_TEXT[0]]
+    ids = [pair.vocabulary.encode(t) for t in texts]
+    batch = pair.batch(ids, texts)
+    own = [pair.draft_vocabulary.encode(t) for t in texts]
+    lengths = np.asarray(batch[cross_vocab.DRAFT_LENGTHS]).tolist()
+    assert lengths == [len(x) for x in own]
+    rows = np.asarray(batch[cross_vocab.DRAFT_PROMPT])
+    assert [rows[i, : lengths[i]].tolist() for i in range(2)] == own
+    assert cross_vocab.DRAFT_PROMPT not in pair.batch(ids)  # no texts: spelled by the tables
+    spec = pair.generate(texts, max_new_tokens=10, gamma=2)
+    assert spec.tokens == pair.generate(texts, max_new_tokens=10, speculative=False).tokens
+    assert spec.stats["drafted"] > 0

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from speculative.data import inputs
+from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.measure import metrics, timing
 from speculative.measure.runner import Program, Run
@@ -33,6 +34,9 @@ class Programs:
 
     programs: Mapping[Hashable, Program]
     width_multiple: int = 128
+    # program -> the vocabulary of its draft with another tokenizer: given the prompt's text, that
+    # draft reads it in its own tokens (`cross_vocab.with_draft_prompts`)
+    draft_vocabularies: Mapping[Hashable, Any] = dataclasses.field(default_factory=dict)
     compiled: dict[tuple[Hashable, int], Run] = dataclasses.field(default_factory=dict)
     compile_s: dict[tuple[Hashable, int], float] = dataclasses.field(default_factory=dict)
     warmup_s: dict[tuple[Hashable, int], float] = dataclasses.field(default_factory=dict)
@@ -40,10 +44,18 @@ class Programs:
     def width(self, length: int) -> int:
         return -(-length // self.width_multiple) * self.width_multiple
 
-    def run(self, name: Hashable, ids: Sequence[int], rng: jax.Array) -> tuple[Any, float]:
-        """(the output on the host, wall seconds of the timed run) of program `name` on one prompt."""
+    def run(
+        self, name: Hashable, ids: Sequence[int], rng: jax.Array, text: str | None = None
+    ) -> tuple[Any, float]:
+        """(the output on the host, wall seconds of the timed run) of program `name` on one prompt
+        (`text`: what `ids` spell, for a draft with its own tokenizer)."""
         batch = inputs.decoder_batch([ids], pad_to=self.width(len(ids)))
-        key = (name, self.width(len(ids)))
+        key: tuple[Hashable, Any] = (name, self.width(len(ids)))
+        own = self.draft_vocabularies.get(name)
+        if own is not None and text is not None:
+            width = self.width(len(own.encode(text)) or 1)
+            batch = cross_vocab.with_draft_prompts(batch, own, [text], pad_to=width)
+            key = (name, (key[1], width))
         program = self.programs[name]
         if key not in self.compiled:
             if hasattr(program, "validate"):
@@ -105,7 +117,7 @@ def pooled(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def converse(
-    decode: Callable[[Sequence[int], int], tuple[Any, float]],
+    decode: Callable[[Sequence[int], int, str], tuple[Any, float]],
     template: chat.ChatTemplate,
     vocabulary: Any,
     user_turns: Sequence[str],
@@ -120,7 +132,8 @@ def converse(
     everything so far with the assistant's turn opened; the answer (stop tokens dropped) joins the
     conversation before the next user turn.
 
-    decode(ids, turn index) -> (output with tokens [1, N] and lengths [1], wall seconds).
+    decode(ids, turn index, rendered text) -> (output with tokens [1, N] and lengths [1], wall
+    seconds).
     context: the target's longest sequence; a turn whose prompt and answer would not fit is a
     JobError naming `where` and the turn, before it is decoded.
     """
@@ -129,7 +142,8 @@ def converse(
     for index, user in enumerate(user_turns):
         messages.append({"role": "user", "content": user})
         try:
-            ids = chat.encode_rendered(vocabulary, template.render(messages))
+            text = template.render(messages)
+            ids = chat.encode_rendered(vocabulary, text)
         except ValueError as e:
             raise JobError(f"turn {index + 1}: {e}", role=where) from None
         if len(ids) + max_new_tokens > context:
@@ -138,7 +152,7 @@ def converse(
                 f"{max_new_tokens} new tokens it exceeds the model's context of {context}",
                 role=where,
             )
-        out, seconds = decode(ids, index)
+        out, seconds = decode(ids, index, text)
         tokens = out.tokens[0, : int(out.lengths[0])].tolist()
         text = vocabulary.decode([t for t in tokens if t not in stops])
         turns.append(Turn(len(ids), len(tokens), seconds, text, tokens, turn_stats(out)))

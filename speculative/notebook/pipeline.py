@@ -29,6 +29,7 @@ import numpy as np
 
 from speculative import decoding, vocab
 from speculative.data import inputs
+from speculative.drafts import cross_vocab
 from speculative.errors import JobError, check_slot
 from speculative.jobs import common
 from speculative.jobs.pairs import decode_arguments, model_spec, vocab_spec
@@ -65,11 +66,17 @@ def prompt_texts(prompts: Any) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-    """A loaded target, an optional draft (None: plain decoding) and their vocabulary."""
+    """A loaded target, an optional draft (None: plain decoding) and their vocabulary.
+
+    draft_vocabulary: a draft with another tokenizer's own vocabulary (else None): the text of
+    each prompt is given to it in its own tokens (`cross_vocab.with_draft_prompts`), not the
+    target's ids spelled through the tables, which it would read less well.
+    """
 
     target: ml.Loaded
     draft: ml.Loaded | None
     vocabulary: vocab.Vocabulary
+    draft_vocabulary: vocab.Vocabulary | None = None
 
     def generate(
         self,
@@ -131,7 +138,7 @@ class Pair:
         examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
         ids = inputs.tokenize(examples, self.vocabulary, self.target.model.is_encoder_decoder)
         options = (max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed)
-        return self.decode_ids(ids, speculative, *options)
+        return self.decode_ids(ids, speculative, *options, texts=texts)
 
     def chat(
         self,
@@ -162,7 +169,7 @@ class Pair:
             ids = [chat.encode_rendered(self.vocabulary, text) for text in texts]
         except ValueError as e:
             raise JobError(str(e), role="chat template") from None
-        return self.decode_ids(ids, options.pop("speculative", True), **options)
+        return self.decode_ids(ids, options.pop("speculative", True), **options, texts=texts)
 
     def decode_ids(
         self,
@@ -176,9 +183,10 @@ class Pair:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
+        texts: Sequence[str] | None = None,
     ) -> Generation:
         """Decodes token-id prompts (one batch, right-padded): `generate` and `chat` after their
-        prompts are tokenized."""
+        prompts are tokenized. texts: what the ids spell, for a draft with its own tokenizer."""
         if not isinstance(speculative, bool):
             raise JobError(f"speculative must be True or False, got {speculative!r}")
         stops = vocab.stop_ids(self.vocabulary)
@@ -186,7 +194,7 @@ class Pair:
             stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
         )
         model = self.target.model
-        batch = inputs.make_batch(ids, model.is_encoder_decoder)
+        batch = self.batch(ids, texts)
         start = time.perf_counter()
         if self.draft is None or not speculative:  # drafting's arguments checked, then unused
             out = decoding.decode(model, self.target.params, batch, plain, rng=rng)
@@ -200,6 +208,14 @@ class Pair:
         tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(ids))]
         decoded = [self.vocabulary.decode([t for t in row if t not in stops]) for row in tokens]
         return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
+
+    def batch(self, ids: Sequence[Sequence[int]], texts: Sequence[str] | None = None) -> dict:
+        """The padded batch of the prompts' ids; with their texts and a draft with its own
+        tokenizer, each text in the draft's tokens too (draft_prompt [B, W])."""
+        batch = inputs.make_batch(ids, self.target.model.is_encoder_decoder)
+        if texts is not None and self.draft_vocabulary is not None:
+            batch = cross_vocab.with_draft_prompts(batch, self.draft_vocabulary, texts)
+        return batch
 
 
 def check_slots(target: Any, draft: Any, vocabulary: Any, draft_vocabulary: Any = None) -> None:
@@ -248,4 +264,8 @@ def load_pair(
     tokenizer = ml.load_vocabulary(vocabulary_spec)
     loaded = common.load_models(target_spec, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
     loaded = common.prepare_drafts(loaded, drafts, tokenizer, [])
-    return Pair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer)
+    draft_tokenizer = None
+    if drafts and isinstance(loaded.drafts[0].model, cross_vocab.CrossVocabDrafter):
+        own = common.draft_vocabulary_of(drafts[0][1], draft_vocabulary)
+        draft_tokenizer = ml.load_vocabulary(own, "draft vocabulary")
+    return Pair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer, draft_tokenizer)

@@ -24,9 +24,9 @@ import jax
 
 from speculative import vocab
 from speculative.data import spec_bench
+from speculative.drafts import cross_vocab
 from speculative.errors import JobError
-from speculative.jobs import common
-from speculative.jobs import pairs as pipeline
+from speculative.jobs import common, pairs
 from speculative.jobs.spec_bench.config import SpecBenchConfig
 from speculative.loading import specs as ml
 from speculative.measure import conversation, runner
@@ -67,15 +67,15 @@ def prepare(cfg: SpecBenchConfig) -> Prepared:
         raise JobError(f"width_multiple must be a positive integer, got {cfg.width_multiple!r}")
     if cfg.width_multiple < 1:
         raise JobError(f"width_multiple must be a positive integer, got {cfg.width_multiple!r}")
-    target = pipeline.model_spec(cfg.target)
-    vocabulary = ml.load_vocabulary(cfg.vocabulary or pipeline.vocab_spec(target), "vocabulary")
+    target = pairs.model_spec(cfg.target)
+    vocabulary = ml.load_vocabulary(cfg.vocabulary or pairs.vocab_spec(target), "vocabulary")
     try:
         template = chat.find_template(vocabulary, cfg.chat_template)
         template.render([{"role": "user", "content": "?"}])  # a broken template fails here
     except ValueError as e:
         raise JobError(str(e), role="chat template") from None
     stops = vocab.stop_ids(vocabulary)
-    plain, drafting, _ = pipeline.decode_arguments(
+    plain, drafting, _ = pairs.decode_arguments(
         stops, cfg.max_new_tokens, cfg.gamma, cfg.tree, cfg.acceptance, cfg.temperature,
         cfg.top_k, cfg.top_p, cfg.seed, cfg.gamma_policy,
     )  # fmt: skip
@@ -105,17 +105,18 @@ def shortlist_prompts(prepared: Prepared) -> list[list[int]]:
 def load_programs(cfg: SpecBenchConfig, prepared: Prepared) -> tuple[conversation.Programs, int]:
     """The target (and draft) loaded as the other jobs load them, as compiled-per-width programs,
     and the longest sequence every model takes (a conversation must fit it)."""
-    target = pipeline.model_spec(cfg.target)
-    vocabulary_spec = cfg.vocabulary or pipeline.vocab_spec(target)
-    drafts = [] if cfg.draft is None else [("draft", pipeline.model_spec(cfg.draft))]
+    target = pairs.model_spec(cfg.target)
+    vocabulary_spec = cfg.vocabulary or pairs.vocab_spec(target)
+    drafts = [] if cfg.draft is None else [("draft", pairs.model_spec(cfg.draft))]
     draft_vocabulary = None
     if drafts and cfg.vocabulary is None and isinstance(drafts[0][1], ml.ModelSpec):
-        draft_vocabulary = pipeline.vocab_spec(drafts[0][1])
+        draft_vocabulary = pairs.vocab_spec(drafts[0][1])
     loaded = common.load_models(
         target, drafts, prepared.vocabulary, vocabulary_spec, draft_vocabulary
     )
     loaded = common.prepare_drafts(loaded, drafts, prepared.vocabulary, shortlist_prompts(prepared))
     programs: dict[str, runner.Program] = {}
+    own: dict[str, Any] = {}  # a draft with another tokenizer reads the text in its own tokens
     model, params = loaded.target.model, loaded.target.params
     if cfg.plain:
         programs["plain"] = runner.Decoder(model, params, prepared.plain)
@@ -124,10 +125,13 @@ def load_programs(cfg: SpecBenchConfig, prepared: Prepared) -> tuple[conversatio
         programs["speculative"] = runner.Decoder(
             model, params, prepared.speculative, draft.model, draft.params
         )
+        if isinstance(draft.model, cross_vocab.CrossVocabDrafter):
+            spec = common.draft_vocabulary_of(drafts[0][1], draft_vocabulary)
+            own["speculative"] = ml.load_vocabulary(spec, "draft vocabulary")
     models = [model] + [d.model for d in loaded.drafts]
     limits = [m.max_length for m in models if getattr(m, "max_length", None) is not None]
     context = min(limits) if limits else 1 << 30
-    return conversation.Programs(programs, cfg.width_multiple), context
+    return conversation.Programs(programs, cfg.width_multiple, draft_vocabularies=own), context
 
 
 def ask(
@@ -148,9 +152,9 @@ def ask(
     }
     for name in programs.programs:
 
-        def decode(ids: Sequence[int], turn: int, name: str = name) -> tuple[Any, float]:
+        def decode(ids: Sequence[int], turn: int, text: str, name: str = name) -> tuple[Any, float]:
             key = jax.random.fold_in(jax.random.PRNGKey(prepared.seed), question.question_id)
-            return programs.run(name, ids, jax.random.fold_in(key, turn))
+            return programs.run(name, ids, jax.random.fold_in(key, turn), text)
 
         turns = conversation.converse(
             decode, prepared.template, prepared.vocabulary, question.turns,
@@ -165,6 +169,8 @@ def run(cfg: SpecBenchConfig) -> dict[str, Any]:
     """Runs (or resumes) the job; returns the summary also written to OUTPUT_DIR/summary.json."""
     prepared = prepare(cfg)
     job = fingerprint(cfg, prepared)
+    code = provenance.git_state()  # the code that runs, as it was at the start (a long run's
+    # tree may be edited before it ends)
     with common.locked_output_dir(cfg.output_dir, None):
         store = open_result_store(cfg.output_dir, job)
         todo = [i for i in range(len(prepared.questions)) if i not in store.done]
@@ -192,7 +198,7 @@ def run(cfg: SpecBenchConfig) -> dict[str, Any]:
                 "warmup_s": warmup_s,
             },
             "settings": job["settings"],
-            "provenance": provenance.record(gin.operative_config_str()),
+            "provenance": {**provenance.record(gin.operative_config_str()), **code},
             "environment": provenance.environment(),
         }
         store.finish()
