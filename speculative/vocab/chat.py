@@ -271,8 +271,9 @@ def find_template(vocabulary: Any, given: str | None = None) -> ChatTemplate:
     )
     if not text:
         where = source or f"this {type(vocabulary).__name__}"
-        sought = getattr(vocabulary, "chat_template_sought", "a chat template")
-        raise ValueError(f"{where}: no chat template (looked for {sought}); {HOW_TO_GIVE}")
+        sought = getattr(vocabulary, "chat_template_sought", None)
+        looked = f" (looked for {sought})" if sought else " (this kind of vocabulary carries none)"
+        raise ValueError(f"{where}: no chat template{looked}; {HOW_TO_GIVE}")
     return ChatTemplate(text, str(source), specials)
 
 
