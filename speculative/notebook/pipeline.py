@@ -78,23 +78,11 @@ class Pair:
     vocabulary: vocab.Vocabulary
     draft_vocabulary: vocab.Vocabulary | None = None
 
-    def generate(
-        self,
-        prompts: str | Sequence[str],
-        *,
-        max_new_tokens: int = 64,
-        gamma: int | None = None,
-        tree: Any = None,
-        acceptance: str = "token",
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        speculative: bool = True,
-    ) -> Generation:
+    def generate(self, prompts: str | Sequence[str], **options: Any) -> Generation:
         """Decodes every prompt (one batch, right-padded) with exact speculative decoding, or
         plainly when there is no draft or `speculative` is False. Greedy (temperature 0) output
         is token for token the target's own; sampled output is distributed as the target's.
+        The options and their defaults are `decode_ids`'s (max_new_tokens 64, greedy, ...).
 
         gamma: draft tokens a round; unset, `job_config.DEFAULT_GAMMA` (4) for a chain and the
           depth for a tree (a gamma given with a tree must be its depth).
@@ -137,8 +125,7 @@ class Pair:
         texts = prompt_texts(prompts)
         examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
         ids = inputs.tokenize(examples, self.vocabulary, self.target.model.is_encoder_decoder)
-        options = (max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed)
-        return self.decode_ids(ids, speculative, *options, texts=texts)
+        return self.decode_ids(ids, texts=texts, **options)
 
     def chat(
         self,
@@ -169,11 +156,12 @@ class Pair:
             ids = [chat.encode_rendered(self.vocabulary, text) for text in texts]
         except ValueError as e:
             raise JobError(str(e), role="chat template") from None
-        return self.decode_ids(ids, options.pop("speculative", True), **options, texts=texts)
+        return self.decode_ids(ids, texts=texts, **options)
 
     def decode_ids(
         self,
         ids: Sequence[Sequence[int]],
+        *,
         speculative: bool = True,
         max_new_tokens: int = 64,
         gamma: int | None = None,
