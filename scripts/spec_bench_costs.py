@@ -14,7 +14,6 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
 from speculative.data import inputs
 from speculative.decoding import DecodeConfig
@@ -33,13 +32,7 @@ def prefill_seconds(loaded: ml.Loaded, ids: list[int], width: int, stops) -> flo
     config = DecodeConfig(16, stops, SamplingConfig())
     batch = inputs.decoder_batch([ids[:width]])
     run, _ = runner.Prefill(loaded.model, loaded.params, config).compile(batch, None)
-    timing.block(run(batch, None))
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        timing.block(run(batch, None))
-        times.append(time.perf_counter() - start)
-    return sorted(times)[1]
+    return timing.time_call(lambda: run(batch, None), repeats=3)[1]
 
 
 def main(argv: list[str]) -> None:
