@@ -23,6 +23,7 @@ from speculative.config import configurables, gin_flags
 from speculative.drafts import registry
 from speculative.errors import JobError
 from speculative.jobs import config as job_config
+from speculative.jobs.certify import config as certify_config
 from speculative.jobs.spec_bench import config as spec_bench_config
 from speculative.loading import specs as model_loading
 from speculative.models import t5
@@ -82,6 +83,8 @@ def _job_config():
     text = gin.config_str()
     if "SpecBenchConfig" in text:
         return spec_bench_config.SpecBenchConfig()
+    if "CertifyConfig" in text:
+        return certify_config.CertifyConfig()
     if "BenchmarkConfig.target" in text:  # configs/drafts/* bind the draft of both jobs
         return job_config.BenchmarkConfig()
     return job_config.InferConfig()
@@ -172,7 +175,9 @@ def test_gin_file_parses_and_binds(path):
             hash(spec.model)  # a static jit argument
         else:
             assert spec.model is None, role  # architecture comes from the checkpoint
-    if isinstance(cfg, spec_bench_config.SpecBenchConfig):  # vocabulary None: the target's own
+    if isinstance(
+        cfg, spec_bench_config.SpecBenchConfig | certify_config.CertifyConfig
+    ):  # vocabulary None: the target's own
         assert cfg.vocabulary is None or isinstance(cfg.vocabulary, model_loading.VocabSpec)
     elif not _rel(path).startswith(("configs/runs/", "configs/drafts/")):  # drafts: none
         assert isinstance(cfg.vocabulary, model_loading.VocabSpec)

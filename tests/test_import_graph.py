@@ -213,7 +213,7 @@ def test_cycle_and_depth_helpers_on_small_graphs():
 FLAT = ("errors", "version")
 COMMANDS = (
     "infer", "benchmark", "demo", "train", "train_head", "fit_ngram", "memory", "ende_data", "fetch",
-    "spec_bench",
+    "spec_bench", "certify",
 )  # fmt: skip
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", (*FLAT, "data", "models", "parallel", "checkpoints", "vocab", "outputs")),

@@ -7,7 +7,8 @@ The package, read in order (docs/design.md §7):
   spec.py           `GammaPolicy`, `SpeculationSpec`: the speculation settings (gamma or a tree,
                     gamma policy, lenience, acceptance rule), checked once, here
   config.py         `DecodeConfig`: every static setting of one decode (its speculation: a spec)
-  state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`
+  state.py          `DecodeStats`, `DecodeOutput`, `LoopState`, `prefill`,
+                    `teacher_forced_logits` (the target's view of given outputs)
   drafter.py        the `Drafter` protocol, `DraftContext` and `DraftRequest`: the interface every
                     draft implements
   model_drafter.py  `ModelDrafter` (the paper's draft: a smaller model), `as_drafter`
@@ -37,7 +38,13 @@ from speculative.decoding.drafter import DraftContext, Drafter, DraftRequest, St
 from speculative.decoding.loop import autoregressive_loop, speculative_loop
 from speculative.decoding.model_drafter import ModelDrafter, as_drafter
 from speculative.decoding.spec import SpeculationSpec
-from speculative.decoding.state import DecodeOutput, DecodeStats, LoopState, prefill
+from speculative.decoding.state import (
+    DecodeOutput,
+    DecodeStats,
+    LoopState,
+    prefill,
+    teacher_forced_logits,
+)
 from speculative.decoding.tree import TreeShape
 
 __all__ = [
@@ -67,6 +74,7 @@ __all__ = [
     "resolve_drafter",
     "speculative_decode",
     "speculative_loop",
+    "teacher_forced_logits",
     "validate_batch",
     "validate_inputs",
 ]

@@ -199,6 +199,21 @@ def prefill(
     return (*start, hidden) if features else start
 
 
+def teacher_forced_logits(
+    model: LanguageModel, params: Any, batch: dict[str, jax.Array], tokens: jax.Array
+) -> jax.Array:
+    """The target's logits [B, T, V] float32 that predicted each of `tokens` [B, T] (outputs
+    after the batch's prompts), teacher-forced: one prefill, then one extend over `last` and the
+    tokens but the last. Row b's logits at t are the ones a decode reads before emitting
+    tokens[b, t] (up to the last bits of a block against a one-token product)."""
+    width, steps = inputs.input_tokens(batch).shape[1], tokens.shape[1]
+    # prefill leaves `last` (the last prompt token, or T5's start token) unfed at `pos`
+    state, _, last, _ = prefill(model, params, batch, model.cache_length(width, steps, 1))
+    feed = jnp.concatenate([last[:, None], tokens[:, :-1]], axis=1).astype(jnp.int32)
+    logits, _ = model.extend(params, state, feed)
+    return logits.astype(jnp.float32)
+
+
 def initial_loop_state(
     target_state, draft_state, pos, last, prev, rng, config: DecodeConfig
 ) -> LoopState:

@@ -1,18 +1,24 @@
 """Names and arguments as users give them, turned into what the jobs load and decode with: a
 registry name or path into a `ModelSpec` (its format told from the file), the vocabulary a
-checkpoint carries, and `Pair.generate`-style decode arguments into `DecodeConfig`s. Shared by the
-notebook's `load_pair` and the Spec-Bench job, checked in the jobs' words."""
+checkpoint carries, `Pair.generate`-style decode arguments into `DecodeConfig`s, and a loaded
+pair (`LoadedPair`: target, draft, vocabularies) that makes batches and decodes them. Shared by the
+notebook's `load_pair`, the Spec-Bench job and the certificate job, checked in the jobs' words."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-from speculative import decoding
+from speculative import decoding, vocab
+from speculative.data import inputs
+from speculative.drafts import cross_vocab
 from speculative.errors import JobError
+from speculative.jobs import common
 from speculative.jobs import config as job_config
 from speculative.loading import fetch
 from speculative.loading import specs as ml
@@ -102,3 +108,65 @@ def decode_arguments(
     plain = decoding.DecodeConfig(max_new_tokens, stops, sampling)
     speculative = decoding.DecodeConfig.from_spec(spec, max_new_tokens, stops, sampling)
     return plain, speculative, jax.random.PRNGKey(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedPair:
+    """A loaded target, an optional draft (None: plain decoding) and their vocabulary.
+
+    draft_vocabulary: a draft with another tokenizer's own vocabulary (else None): the text of
+    each prompt is given to it in its own tokens (`cross_vocab.with_draft_prompts`), not the
+    target's ids spelled through the tables, which it would read less well.
+    """
+
+    target: ml.Loaded
+    draft: ml.Loaded | None
+    vocabulary: vocab.Vocabulary
+    draft_vocabulary: vocab.Vocabulary | None = None
+
+    def batch(self, ids: Sequence[Sequence[int]], texts: Sequence[str] | None = None) -> dict:
+        """The padded batch of the prompts' ids; with their texts and a draft with its own
+        tokenizer, each text in the draft's tokens too (draft_prompt [B, W])."""
+        batch = inputs.make_batch(ids, self.target.model.is_encoder_decoder)
+        if texts is not None and self.draft_vocabulary is not None:
+            batch = cross_vocab.with_draft_prompts(batch, self.draft_vocabulary, texts)
+        return batch
+
+    def run(
+        self, batch: dict, config: decoding.DecodeConfig, rng: jax.Array, speculative: bool = True
+    ) -> decoding.DecodeOutput:
+        """Decodes a batch by `config`: with the draft (a speculative config), or plainly when
+        there is no draft or `speculative` is False (then `config` is a plain decode's)."""
+        model, params = self.target.model, self.target.params
+        if self.draft is None or not speculative:
+            return decoding.decode(model, params, batch, config, rng=rng)
+        return decoding.decode(
+            model, params, batch, config, draft=self.draft.model, draft_params=self.draft.params,
+            rng=rng,
+        )  # fmt: skip
+
+
+def load(
+    target: ml.ModelSpec,
+    draft: Any = None,
+    vocabulary: ml.VocabSpec | None = None,
+    draft_vocabulary: ml.VocabSpec | None = None,
+    prompts: Sequence[Sequence[int]] = (),
+) -> LoadedPair:
+    """The target and draft (specs: `model_spec`'s) loaded as every job loads them: the same
+    vocabulary checks, padding masks, draft forms (a shortlist head fitted to `prompts`, int8,
+    staging) and one-line `JobError`s. vocabulary: unset, the target's own; draft_vocabulary:
+    unset, the draft checkpoint's own when `vocabulary` is unset too, else the target's."""
+    vocabulary_spec = vocabulary or vocab_spec(target)
+    drafts = [] if draft is None else [("draft", draft)]
+    if drafts and draft_vocabulary is None and vocabulary is None:
+        if isinstance(draft, ml.ModelSpec):
+            draft_vocabulary = vocab_spec(draft)
+    tokenizer = ml.load_vocabulary(vocabulary_spec)
+    loaded = common.load_models(target, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
+    loaded = common.prepare_drafts(loaded, drafts, tokenizer, prompts)
+    own = None
+    if drafts and isinstance(loaded.drafts[0].model, cross_vocab.CrossVocabDrafter):
+        spec = common.draft_vocabulary_of(draft, draft_vocabulary)
+        own = ml.load_vocabulary(spec, "draft vocabulary")
+    return LoadedPair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer, own)

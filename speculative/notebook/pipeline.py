@@ -27,12 +27,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from speculative import decoding, vocab
+from speculative import vocab
 from speculative.data import inputs
-from speculative.drafts import cross_vocab
 from speculative.errors import JobError, check_slot
-from speculative.jobs import common
-from speculative.jobs.pairs import decode_arguments, model_spec, vocab_spec
+from speculative.jobs import pairs
+from speculative.jobs.pairs import LoadedPair, decode_arguments, model_spec
 from speculative.loading import specs as ml
 from speculative.measure import metrics
 from speculative.outputs import logs
@@ -65,18 +64,9 @@ def prompt_texts(prompts: Any) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Pair:
-    """A loaded target, an optional draft (None: plain decoding) and their vocabulary.
-
-    draft_vocabulary: a draft with another tokenizer's own vocabulary (else None): the text of
-    each prompt is given to it in its own tokens (`cross_vocab.with_draft_prompts`), not the
-    target's ids spelled through the tables, which it would read less well.
-    """
-
-    target: ml.Loaded
-    draft: ml.Loaded | None
-    vocabulary: vocab.Vocabulary
-    draft_vocabulary: vocab.Vocabulary | None = None
+class Pair(LoadedPair):
+    """A loaded target, an optional draft (None: plain decoding) and their vocabulary
+    (`jobs.pairs.LoadedPair`), decoding strings, conversations and token ids."""
 
     def generate(self, prompts: str | Sequence[str], **options: Any) -> Generation:
         """Decodes every prompt (one batch, right-padded) with exact speculative decoding, or
@@ -181,29 +171,15 @@ class Pair:
         plain, drafting, rng = decode_arguments(
             stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
         )
-        model = self.target.model
         batch = self.batch(ids, texts)
+        config = drafting if self.draft is not None and speculative else plain
         start = time.perf_counter()
-        if self.draft is None or not speculative:  # drafting's arguments checked, then unused
-            out = decoding.decode(model, self.target.params, batch, plain, rng=rng)
-        else:
-            out = decoding.decode(
-                model, self.target.params, batch, drafting, draft=self.draft.model,
-                draft_params=self.draft.params, rng=rng,
-            )  # fmt: skip
+        out = self.run(batch, config, rng, speculative)
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - start
         tokens = [out.tokens[i, : out.lengths[i]].tolist() for i in range(len(ids))]
         decoded = [self.vocabulary.decode([t for t in row if t not in stops]) for row in tokens]
         return Generation(decoded, tokens, metrics.summarize(out.stats, out.lengths), seconds)
-
-    def batch(self, ids: Sequence[Sequence[int]], texts: Sequence[str] | None = None) -> dict:
-        """The padded batch of the prompts' ids; with their texts and a draft with its own
-        tokenizer, each text in the draft's tokens too (draft_prompt [B, W])."""
-        batch = inputs.make_batch(ids, self.target.model.is_encoder_decoder)
-        if texts is not None and self.draft_vocabulary is not None:
-            batch = cross_vocab.with_draft_prompts(batch, self.draft_vocabulary, texts)
-        return batch
 
 
 def check_slots(target: Any, draft: Any, vocabulary: Any, draft_vocabulary: Any = None) -> None:
@@ -244,16 +220,6 @@ def load_pair(
         logs.setup()
     check_slots(target, draft, vocabulary, draft_vocabulary)
     target_spec = model_spec(target, target_model, dtype)
-    vocabulary_spec = vocabulary or vocab_spec(target_spec)
-    drafts = [] if draft is None else [("draft", model_spec(draft, draft_model, dtype))]
-    if drafts and draft_vocabulary is None:
-        if isinstance(drafts[0][1], ml.ModelSpec) and vocabulary is None:
-            draft_vocabulary = vocab_spec(drafts[0][1])
-    tokenizer = ml.load_vocabulary(vocabulary_spec)
-    loaded = common.load_models(target_spec, drafts, tokenizer, vocabulary_spec, draft_vocabulary)
-    loaded = common.prepare_drafts(loaded, drafts, tokenizer, [])
-    draft_tokenizer = None
-    if drafts and isinstance(loaded.drafts[0].model, cross_vocab.CrossVocabDrafter):
-        own = common.draft_vocabulary_of(drafts[0][1], draft_vocabulary)
-        draft_tokenizer = ml.load_vocabulary(own, "draft vocabulary")
-    return Pair(loaded.target, loaded.drafts[0] if drafts else None, tokenizer, draft_tokenizer)
+    draft_spec = None if draft is None else model_spec(draft, draft_model, dtype)
+    loaded = pairs.load(target_spec, draft_spec, vocabulary, draft_vocabulary)
+    return Pair(**{f.name: getattr(loaded, f.name) for f in dataclasses.fields(loaded)})

@@ -40,15 +40,10 @@ def output_logprob_sum(
 
 @functools.partial(jax.jit, static_argnums=0)
 def _logprob_sum(model, params, batch, tokens, lengths):
-    width, steps = inputs.input_tokens(batch).shape[1], tokens.shape[1]
-    # prefill leaves `last` (the last prompt token, or T5's start token) unfed at `pos`: feeding
-    # it and the outputs but the last gives the logits that predicted each output token.
-    state, _, last, _ = decoding.prefill(model, params, batch, model.cache_length(width, steps, 1))
-    feed = jnp.concatenate([last[:, None], tokens[:, :-1]], axis=1).astype(jnp.int32)  # [B, T]
-    logits, _ = model.extend(params, state, feed)  # [B, T, V]
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logits = decoding.teacher_forced_logits(model, params, batch, tokens)  # [B, T, V]
+    logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    counted = jnp.arange(steps)[None, :] < lengths[:, None]
+    counted = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
     return jnp.sum(jnp.where(counted, picked, 0.0))
 
 

@@ -1,0 +1,197 @@
+"""The certificate job's order of work: build the prompts and check every setting and the power
+(before any weights load), load the pair, then `certify_pair`: each seed's batch decoded
+speculatively and plainly, every emitted token scored by the target, the tests
+(`measure.certificate`), and OUTPUT_DIR/certificate.json with the configuration, statistics,
+sample sizes, provenance and environment. The notebook's `Pair.certify` runs `certify_pair` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+
+from speculative import decoding, vocab
+from speculative.data import spec_bench
+from speculative.errors import JobError
+from speculative.jobs import pairs
+from speculative.jobs.certify.config import CertifyConfig
+from speculative.loading import specs as ml
+from speculative.measure import certificate
+from speculative.outputs import provenance
+from speculative.outputs.job_io import hold_output_dir
+from speculative.vocab import chat
+
+log = logging.getLogger(__name__)
+
+
+def certify_pair(
+    pair: pairs.LoadedPair,
+    ids: Sequence[Sequence[int]],
+    texts: Sequence[str] | None,
+    plain: decoding.DecodeConfig,
+    drafting: decoding.DecodeConfig,
+    *,
+    rows_per_prompt: int = 4,
+    seeds: int = 4,
+    seed: int = 0,
+    level: float = certificate.LEVEL,
+    max_deviation: float = certificate.MAX_DEVIATION,
+    control: bool = True,
+) -> dict[str, Any]:
+    """The certificate of `pair`'s speculative decode by `drafting` (its sampling; plain decoding
+    by `plain` the control): each prompt `rows_per_prompt` times in one batch, `seeds` batches.
+    Raises JobError before decoding when the plan cannot reach the power (`check_power`)."""
+    if pair.draft is None:
+        raise JobError("a certificate needs a draft: there is no speculative decode to certify")
+    check_plan(len(ids), rows_per_prompt, seeds, drafting, level, max_deviation)
+    sampling = drafting.sampling
+    repeated = [list(p) for p in ids for _ in range(rows_per_prompt)]
+    repeated_texts = None if texts is None else [t for t in texts for _ in range(rows_per_prompt)]
+    batch = pair.batch(repeated, repeated_texts)
+    stops = tuple(drafting.stop_ids)
+
+    def decode(speculative: bool, index: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = jax.random.fold_in(jax.random.PRNGKey(seed), index)
+        start = time.perf_counter()
+        out = pair.run(batch, drafting if speculative else plain, rng, speculative)
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        name = "speculative" if speculative else "plain"
+        log.info(
+            f"{name} seed {index}: {int(lengths.sum())} tokens, {time.perf_counter() - start:.1f} s"
+        )
+        return tokens, lengths
+
+    def scorer(tokens: np.ndarray, lengths: np.ndarray) -> certificate.Scores:
+        target = pair.target
+        return certificate.score(
+            target.model, target.params, batch, tokens, lengths, sampling, stops
+        )
+
+    found = certificate.certify(
+        decode, scorer, sampling, list(range(seeds)), level=level,
+        max_deviation=max_deviation, control=control,
+    )  # fmt: skip
+    plan = {"prompts": len(ids), "rows": len(repeated), "seeds": seeds, "seed": seed}
+    return {**found, "sampling": dataclasses.asdict(sampling), "plan": plan}
+
+
+def check_plan(
+    prompts: int,
+    rows_per_prompt: Any,
+    seeds: Any,
+    drafting: decoding.DecodeConfig,
+    level: Any,
+    max_deviation: Any,
+) -> None:
+    """The sample plan refused in one line: counts that are not positive integers, or (sampled
+    decoding) too few tokens at most to reach the power (`certificate.check_power`)."""
+    for name, value in (("rows_per_prompt", rows_per_prompt), ("seeds", seeds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise JobError(f"{name} must be a positive integer, got {value!r}")
+    if drafting.sampling.greedy:
+        return
+    try:
+        planned = prompts * rows_per_prompt * seeds * drafting.max_decode_len
+        certificate.check_power(planned, level, max_deviation)
+    except (ValueError, TypeError) as e:
+        raise JobError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """Everything checked before weights load."""
+
+    ids: list[list[int]]
+    texts: list[str]
+    vocabulary: Any
+    plain: decoding.DecodeConfig
+    speculative: decoding.DecodeConfig
+
+
+def prompts_of(cfg: CertifyConfig, vocabulary: Any) -> tuple[list[list[int]], list[str]]:
+    """The prompts' ids and texts: PROMPTS, then the chosen questions' first turns; with `chat`,
+    each a user turn through the chat template."""
+    texts = list(cfg.prompts)
+    if cfg.questions is not None:
+        chosen = spec_bench.select(
+            spec_bench.read_questions(cfg.questions), cfg.tasks, cfg.per_task, cfg.per_task
+        )
+        texts += [q.turns[0] for q in chosen]
+    if not texts:
+        raise JobError("no prompts: set PROMPTS, or QUESTIONS (a Spec-Bench question.jsonl)")
+    if not cfg.chat:
+        return [vocabulary.encode(t) for t in texts], texts
+    try:
+        template = chat.find_template(vocabulary, cfg.chat_template)
+        rendered = [template.render([{"role": "user", "content": t}]) for t in texts]
+    except ValueError as e:
+        raise JobError(str(e), role="chat template") from None
+    return [chat.encode_rendered(vocabulary, r) for r in rendered], rendered
+
+
+def prepare(cfg: CertifyConfig) -> Prepared:
+    """Prompts, decode settings and the power, each refused with one line, before weights load."""
+    if cfg.draft is None:
+        raise JobError("DRAFT is None: a certificate needs a draft to certify")
+    target = pairs.model_spec(cfg.target)
+    vocabulary = ml.load_vocabulary(cfg.vocabulary or pairs.vocab_spec(target), "vocabulary")
+    ids, texts = prompts_of(cfg, vocabulary)
+    stops = vocab.stop_ids(vocabulary)
+    plain, drafting, _ = pairs.decode_arguments(
+        stops, cfg.max_new_tokens, cfg.gamma, cfg.tree, cfg.acceptance, cfg.temperature,
+        cfg.top_k, cfg.top_p, cfg.seed, cfg.gamma_policy,
+    )  # fmt: skip
+    check_plan(len(ids), cfg.rows_per_prompt, cfg.seeds, drafting, cfg.level, cfg.max_deviation)
+    return Prepared(ids, texts, vocabulary, plain, drafting)
+
+
+def run(cfg: CertifyConfig) -> dict[str, Any]:
+    """Runs the job; returns the certificate also written to OUTPUT_DIR/certificate.json."""
+    prepared = prepare(cfg)
+    code = provenance.git_state()  # the code as it was at the start
+    start = time.perf_counter()
+    with hold_output_dir(cfg.output_dir) as out:
+        pair = pairs.load(
+            pairs.model_spec(cfg.target), pairs.model_spec(cfg.draft), cfg.vocabulary,
+            prompts=prepared.ids,
+        )  # fmt: skip
+        found = certify_pair(
+            pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative,
+            rows_per_prompt=cfg.rows_per_prompt, seeds=cfg.seeds, seed=cfg.seed,
+            level=cfg.level, max_deviation=cfg.max_deviation, control=cfg.control,
+        )  # fmt: skip
+        result = {
+            **found,
+            "seconds": time.perf_counter() - start,
+            "settings": {k: repr(v) for k, v in dataclasses.asdict(cfg).items()},
+            "provenance": {**provenance.record(gin.operative_config_str()), **code},
+            "environment": provenance.environment(),
+        }
+        out.write_text("certificate.json", json.dumps(result, indent=2))
+    print(summary_line(result))
+    return result
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """One line: the status, the tokens scored, the p-values and the power."""
+    if "identity" in result:
+        ident = result["identity"]
+        return f"certificate {result['status']}: greedy, {ident['identical']}/{ident['rows']} rows identical to plain"
+    parts = [f"certificate {result['status']}"]
+    for name in ("speculative", "plain"):
+        if name in result:
+            r = result[name]
+            parts.append(
+                f"{name}: {r['tokens']} tokens, KS p {r['uniformity']['pvalue']:.3g} "
+                f"(sees {r['uniformity']['detectable_deviation']:.3f}), stops z "
+                f"{r['stops']['z']:+.2f}, outside support {r['outside_support']['count']}"
+            )
+    return "; ".join(parts + result["reasons"])

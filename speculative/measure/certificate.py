@@ -1,0 +1,288 @@
+"""Exactness certificates: does a decode's output follow the target's own distribution, on this
+model, with these settings? (docs/design.md §8, "Exactness certificates")
+
+A sampled decode (T > 0) emits tokens x_1, x_2, ... in each row. Each is scored by the target,
+teacher-forced over the row's prompt and the tokens before it, processed as the decoder processes
+it (temperature, top-k, top-p: `sampling.process_logits`): p_t. If the decode is exact, x_t is a
+draw from p_t given everything before it, so the randomized probability integral transform
+
+    u_t = P_t(y ranks before x_t) + U_t * p_t(x_t),   U_t ~ Uniform(0, 1), independent,
+
+is Uniform(0, 1) and independent across tokens, whatever the model. Tokens rank by p_t descending
+(ties by id): any order fixed by the prefix would do, this one moves u towards 0 for a sampler
+sharper than p_t and towards 1 for a flatter one. Tested by Kolmogorov-Smirnov.
+
+Stop tokens get a test of their own, since where rows end is what a length bias shows:
+sum_t (1[x_t is a stop] - p_t(stops)) is a martingale of mean 0 and variance
+sum_t p_t(stops) (1 - p_t(stops)); its z-score. A token the scorer gives probability 0 (outside
+the top-k / top-p support) is counted; beyond a share of OUTSIDE_SHARE it fails (numerics at a
+support boundary may flip a rare one).
+
+Power, stated with every test: KS at level `level` over n values rejects, with probability at least
+0.9, any distribution of u whose CDF is Delta_90 = (K_level + 1.2816 * 0.5) / sqrt(n) from the
+uniform's somewhere (K_level: the Kolmogorov distribution's upper quantile; the empirical CDF at
+the farthest point has a standard deviation of at most 0.5 / sqrt(n)). The stop test finds an
+excess or deficit of (z_{level/2} + 1.2816) * sigma stop tokens with probability 0.9.
+
+Greedy (T = 0): every row of the speculative decode must equal plain decoding's. Plain decoding
+goes through the same tests as the control: a failing control says the scoring is off, not the draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from speculative.decoding import sampling as sampling_lib
+from speculative.decoding.sampling import SamplingConfig
+from speculative.decoding.state import teacher_forced_logits
+
+LEVEL = 1e-3  # each test's false-alarm rate
+MAX_DEVIATION = 0.05  # the KS deviation a certificate must see with probability 0.9
+OUTSIDE_SHARE = 1e-3  # tokens outside the scorer's support allowed, as a share
+_Z_POWER = float(stats.norm.ppf(0.9))  # 1.2816
+_SD_BOUND = 0.5  # largest standard deviation of an empirical CDF value, per sqrt(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """The target's teacher-forced view of emitted tokens, N of them (rows concatenated, in order).
+
+    below: [N] mass of the tokens ranked before each (by probability descending, ties by id);
+    p: [N] its probability; stop_mass: [N] the stop tokens' probability there; is_stop: [N] bool;
+    index: [N] its position in its row (0 = the first generated token).
+    """
+
+    below: np.ndarray
+    p: np.ndarray
+    stop_mass: np.ndarray
+    is_stop: np.ndarray
+    index: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.p)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Scores]) -> Scores:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{f: np.concatenate([getattr(s, f) for s in parts]) for f in fields})
+
+    def head(self, n: int) -> Scores:
+        """The first n tokens."""
+        return Scores(**{f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)})
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _score_rows(model, params, batch, tokens, sampling: SamplingConfig, stops: tuple[int, ...]):
+    """[b, T] tokens -> (below, p, stop_mass), each [b, T] float32 (module docstring)."""
+    logits = teacher_forced_logits(model, params, batch, tokens)  # [b, T, V]
+    probs = jnp.exp(sampling_lib.process_logits(logits, sampling))
+    tokens = tokens.astype(jnp.int32)[..., None]
+    p_x = jnp.take_along_axis(probs, tokens, axis=-1)
+    ids = jax.lax.broadcasted_iota(jnp.int32, probs.shape, probs.ndim - 1)
+    ahead = (probs > p_x) | ((probs == p_x) & (ids < tokens))
+    below = jnp.sum(jnp.where(ahead, probs, 0.0), axis=-1)
+    stop_mass = jnp.sum(probs[..., jnp.asarray(stops, jnp.int32)], axis=-1)
+    return below, p_x[..., 0], stop_mass
+
+
+def score(
+    model: Any,
+    params: Any,
+    batch: dict[str, jax.Array],
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    sampling: SamplingConfig,
+    stops: Sequence[int],
+    rows_per_call: int = 4,
+) -> Scores:
+    """Scores a decode's outputs (tokens [B, T], lengths [B]: a row's tokens past its length are
+    padding) under the target's processed distribution, a few rows a compiled call (the [b, T, V]
+    probabilities are the memory), no Python loop over positions or the vocabulary."""
+    size = int(np.asarray(lengths).shape[0])
+    chunk = max(d for d in range(1, min(rows_per_call, size) + 1) if size % d == 0)
+    parts = []
+    for start in range(0, size, chunk):
+        rows = jax.tree.map(lambda a, s=start: a[s : s + chunk], batch)
+        part = _score_rows(model, params, rows, jnp.asarray(tokens[start : start + chunk]),
+                           sampling, tuple(int(s) for s in stops))  # fmt: skip
+        parts.append([np.asarray(a) for a in part])
+    below, p, stop_mass = (np.concatenate(a) for a in zip(*parts, strict=True))
+    counted = np.arange(tokens.shape[1])[None, :] < np.asarray(lengths)[:, None]
+    return Scores(
+        below=below[counted].astype(np.float64),
+        p=p[counted].astype(np.float64),
+        stop_mass=stop_mass[counted].astype(np.float64),
+        is_stop=np.isin(np.asarray(tokens)[counted], np.asarray(stops)),
+        index=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)[counted],
+    )
+
+
+def required_tokens(level: float = LEVEL, max_deviation: float = MAX_DEVIATION) -> int:
+    """Scored tokens a certificate needs for Delta_90 <= max_deviation at this level."""
+    k = float(stats.kstwobign.isf(level))
+    return math.ceil(((k + _Z_POWER * _SD_BOUND) / max_deviation) ** 2)
+
+
+def detectable_deviation(n: int, level: float = LEVEL) -> float:
+    """Delta_90: the KS deviation found with probability 0.9 among n values (module docstring)."""
+    return (float(stats.kstwobign.isf(level)) + _Z_POWER * _SD_BOUND) / math.sqrt(max(n, 1))
+
+
+def check_power(planned: int, level: float = LEVEL, max_deviation: float = MAX_DEVIATION) -> None:
+    """Refuses a plan whose most tokens (rows x seeds x max_new_tokens) cannot reach the power."""
+    if not 0.0 < level < 0.5:
+        raise ValueError(f"level must be in (0, 0.5), got {level!r}")
+    if not 0.0 < max_deviation < 1.0:
+        raise ValueError(f"max_deviation must be in (0, 1), got {max_deviation!r}")
+    need = required_tokens(level, max_deviation)
+    if planned < need:
+        raise ValueError(
+            f"too few samples to have power: a certificate at level {level:g} that sees a "
+            f"deviation of {max_deviation:g} needs {need} scored tokens, and this run emits at "
+            f"most {planned} (rows x seeds x max_new_tokens); add rows or seeds, or allow a "
+            f"larger max_deviation"
+        )
+
+
+def pit(scores: Scores, seed: int = 0) -> np.ndarray:
+    """[N] the randomized probability integral transform u (module docstring)."""
+    noise = np.random.default_rng(seed).uniform(size=scores.size)
+    return np.clip(scores.below + noise * scores.p, 0.0, 1.0)
+
+
+def uniformity(u: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
+    """Kolmogorov-Smirnov of u against Uniform(0, 1), with its power and a 10-bin histogram."""
+    test = stats.kstest(u, "uniform")
+    return {
+        "n": len(u),
+        "statistic": float(test.statistic),
+        "pvalue": float(test.pvalue),
+        "detectable_deviation": detectable_deviation(len(u), level),
+        "histogram": np.histogram(u, bins=10, range=(0.0, 1.0))[0].tolist(),
+        "passed": bool(test.pvalue >= level),
+    }
+
+
+def stop_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
+    """Stop tokens emitted against their expected count along the sampled paths: z and power."""
+    emitted, expected = int(scores.is_stop.sum()), float(scores.stop_mass.sum())
+    sigma = math.sqrt(float(np.sum(scores.stop_mass * (1.0 - scores.stop_mass))))
+    z = (emitted - expected) / sigma if sigma > 0 else 0.0
+    detectable = (float(stats.norm.isf(level / 2)) + _Z_POWER) * sigma
+    return {
+        "emitted": emitted,
+        "expected": expected,
+        "z": z,
+        "pvalue": float(2 * stats.norm.sf(abs(z))),
+        "detectable_excess": detectable,  # stop tokens, found with probability 0.9
+        "passed": bool(2 * stats.norm.sf(abs(z)) >= level),
+    }
+
+
+def outside_support(scores: Scores) -> dict[str, Any]:
+    count = int(np.sum(scores.p <= 0.0))
+    share = count / max(scores.size, 1)
+    return {"count": count, "share": share, "passed": share <= OUTSIDE_SHARE}
+
+
+def tests(scores: Scores, level: float = LEVEL, seed: int = 0) -> dict[str, Any]:
+    """Every test of one program's scored tokens, and whether all passed."""
+    found = {
+        "uniformity": uniformity(pit(scores, seed), level),
+        "stops": stop_balance(scores, level),
+        "outside_support": outside_support(scores),
+    }
+    return {"tokens": scores.size, **found, "passed": all(t["passed"] for t in found.values())}
+
+
+def caught_at(scores: Scores, level: float = LEVEL, seed: int = 0, start: int = 64) -> int | None:
+    """The fewest tokens (the first n, n doubling from `start`) at which the uniformity test fails;
+    None if it passes on all of them: the sample size at which a broken rule is caught."""
+    u = pit(scores, seed)
+    n = start
+    while True:
+        n = min(n, len(u))
+        if stats.kstest(u[:n], "uniform").pvalue < level:
+            return n
+        if n == len(u):
+            return None
+        n *= 2
+
+
+Decode = Callable[
+    [bool, int], tuple[np.ndarray, np.ndarray]
+]  # (speculative, seed) -> (tokens, lengths)
+Scorer = Callable[[np.ndarray, np.ndarray], Scores]  # (tokens [B, T], lengths [B]) -> Scores
+
+
+def certify(
+    decode: Decode,
+    scorer: Scorer,
+    sampling: SamplingConfig,
+    seeds: Sequence[int],
+    *,
+    level: float = LEVEL,
+    max_deviation: float = MAX_DEVIATION,
+    control: bool = True,
+) -> dict[str, Any]:
+    """The certificate of a speculative decode: run it (and plain decoding, the control) once per
+    seed, score every emitted token, test. status: 'pass', 'fail' (a test failed: the reasons
+    say which) or 'inconclusive' (every test passed on fewer tokens than the power needs)."""
+    if sampling.greedy:
+        return _greedy_identity(decode, seeds)
+    programs = {"speculative": True, **({"plain": False} if control else {})}
+    found: dict[str, Any] = {}
+    for name, speculative in programs.items():
+        scored = Scores.concat([scorer(*decode(speculative, seed)) for seed in seeds])
+        found[name] = tests(scored, level, seed=seeds[0])
+    need = required_tokens(level, max_deviation)
+    reasons = [
+        f"{name}: {test} failed"
+        for name, result in found.items()
+        for test in ("uniformity", "stops", "outside_support")
+        if not result[test]["passed"]
+    ]
+    short = found["speculative"]["tokens"] < need
+    status = "fail" if reasons else ("inconclusive" if short else "pass")
+    if short and not reasons:
+        reasons = [f"{found['speculative']['tokens']} tokens scored, {need} needed for the power"]
+    return {
+        "status": status,
+        "reasons": reasons,
+        "level": level,
+        "max_deviation": max_deviation,
+        "required_tokens": need,
+        "seeds": list(seeds),
+        **found,
+    }
+
+
+def _greedy_identity(decode: Decode, seeds: Sequence[int]) -> dict[str, Any]:
+    """T = 0: every row of the speculative decode against plain decoding's, token for token."""
+    rows = identical = 0
+    for seed in seeds[:1]:  # greedy ignores the key: one seed says all
+        (spec, spec_len), (plain, plain_len) = decode(True, seed), decode(False, seed)
+        for b in range(len(spec_len)):
+            rows += 1
+            same = spec_len[b] == plain_len[b]
+            identical += bool(
+                same and np.array_equal(spec[b, : spec_len[b]], plain[b, : plain_len[b]])
+            )
+    status = "pass" if identical == rows else "fail"
+    return {
+        "status": status,
+        "reasons": []
+        if status == "pass"
+        else [f"{rows - identical} of {rows} rows differ from plain"],
+        "identity": {"rows": rows, "identical": identical, "passed": status == "pass"},
+    }
