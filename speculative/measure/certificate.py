@@ -202,7 +202,10 @@ def tests(scores: Scores, level: float = LEVEL, seed: int = 0) -> dict[str, Any]
         "stops": stop_balance(scores, level),
         "outside_support": outside_support(scores),
     }
-    return {"tokens": scores.size, **found, "passed": all(t["passed"] for t in found.values())}
+    passed = all(t["passed"] for t in found.values())
+    # the first n (doubling) at which uniformity fails: how soon a broken decode is caught
+    first_failing = None if found["uniformity"]["passed"] else caught_at(scores, level, seed)
+    return {"tokens": scores.size, **found, "caught_at": first_failing, "passed": passed}
 
 
 def caught_at(scores: Scores, level: float = LEVEL, seed: int = 0, start: int = 64) -> int | None:

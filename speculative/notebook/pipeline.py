@@ -31,9 +31,10 @@ from speculative import vocab
 from speculative.data import inputs
 from speculative.errors import JobError, check_slot
 from speculative.jobs import pairs
+from speculative.jobs.certify.run import certify_pair
 from speculative.jobs.pairs import LoadedPair, decode_arguments, model_spec
 from speculative.loading import specs as ml
-from speculative.measure import metrics
+from speculative.measure import certificate, metrics
 from speculative.outputs import logs
 from speculative.vocab import chat
 
@@ -112,10 +113,16 @@ class Pair(LoadedPair):
         >>> alone.generate(prompts, max_new_tokens=12).texts == plain.texts
         True
         """
+        texts, ids = self.tokenized(prompts)
+        return self.decode_ids(ids, texts=texts, **options)
+
+    def tokenized(self, prompts: str | Sequence[str]) -> tuple[list[str], list[list[int]]]:
+        """The prompts (a string or a list of them) and their ids, as `generate` reads them."""
         texts = prompt_texts(prompts)
         examples = [inputs.Example(i, text) for i, text in enumerate(texts)]
-        ids = inputs.tokenize(examples, self.vocabulary, self.target.model.is_encoder_decoder)
-        return self.decode_ids(ids, texts=texts, **options)
+        return texts, inputs.tokenize(
+            examples, self.vocabulary, self.target.model.is_encoder_decoder
+        )
 
     def chat(
         self,
@@ -147,6 +154,41 @@ class Pair(LoadedPair):
         except ValueError as e:
             raise JobError(str(e), role="chat template") from None
         return self.decode_ids(ids, texts=texts, **options)
+
+    def certify(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        rows_per_prompt: int = 4,
+        seeds: int = 4,
+        level: float = certificate.LEVEL,
+        max_deviation: float = certificate.MAX_DEVIATION,
+        control: bool = True,
+        max_new_tokens: int = 64,
+        gamma: int | None = None,
+        tree: Any = None,
+        acceptance: str = "token",
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """The exactness certificate of this pair's speculative decode with these settings
+        (`measure.certificate`, the `python -m speculative.certify` job's): each prompt
+        `rows_per_prompt` times in a batch, `seeds` batches, speculatively and plainly; every
+        emitted token scored by the target, teacher-forced, as the decoder processes it. Returns
+        the certificate: 'status' ('pass', 'fail', 'inconclusive'), 'reasons', and per program
+        the tests, p-values, sample sizes and power. Too few samples for the power, or no draft:
+        one-line `JobError` before anything is decoded. temperature 0: identity with plain."""
+        texts, ids = self.tokenized(prompts)
+        stops = vocab.stop_ids(self.vocabulary)
+        plain, drafting, _ = decode_arguments(
+            stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
+        )
+        return certify_pair(
+            self, ids, texts, plain, drafting, rows_per_prompt=rows_per_prompt, seeds=seeds,
+            seed=seed, level=level, max_deviation=max_deviation, control=control,
+        )  # fmt: skip
 
     def decode_ids(
         self,

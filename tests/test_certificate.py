@@ -1,0 +1,222 @@
+"""Exactness certificates (measure/certificate.py; the certify job and `Pair.certify` run it):
+the statistics on draws whose law is known, the whole certificate on the small sampled-check pair
+(an exact rule passes, its control too, and the mutation harness's broken rules and a draft that
+misreports its q fail), the refusals, and the command's exit statuses on tiny random models.
+
+The small pair (tests/helpers.py: 6 ids, the draft accepted ~60% of the time) decodes 128 rows of
+up to 24 tokens a seed; two seeds give ~3,000 scored tokens, enough for MAX_DEVIATION 0.1 (671).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from speculative.decoding import model_drafter, sampling
+from speculative.errors import JobError
+from speculative.jobs import pairs
+from speculative.jobs.certify.run import certify_pair
+from speculative.loading import specs as ml
+from speculative.measure import certificate
+from tests import helpers
+from tests.test_mutations import mutated_verify_detailed, replaced_everywhere
+
+ROWS, LENGTH, SEEDS, MAX_DEVIATION = 128, 24, 2, 0.1
+T1 = dict(temperature=1.0, top_k=0, top_p=1.0)
+NUCLEUS = dict(temperature=0.7, top_k=4, top_p=0.9)
+
+
+def small_loaded(small_pair) -> pairs.LoadedPair:
+    (target, target_params), (draft, draft_params) = small_pair
+    return pairs.LoadedPair(
+        ml.Loaded(target, target_params, "small target"),
+        ml.Loaded(draft, draft_params, "small draft"),
+        vocabulary=None,
+    )
+
+
+def small_certificate(small_pair, sampled=T1, gamma=2, tree=None, acceptance="token", **plan):
+    """The certificate of the small pair's decode: ROWS rows of helpers.PROMPT, SEEDS seeds."""
+    plain, drafting, _ = pairs.decode_arguments(
+        (helpers.EOS,), LENGTH, gamma, tree, acceptance, sampled["temperature"],
+        sampled["top_k"], sampled["top_p"], 0,
+    )  # fmt: skip
+    options = {"rows_per_prompt": ROWS, "seeds": SEEDS, "max_deviation": MAX_DEVIATION, **plan}
+    return certify_pair(
+        small_loaded(small_pair), [helpers.PROMPT], None, plain, drafting, **options
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The statistics, on draws whose law is known.
+
+
+def _draws(probs: np.ndarray, sampled_from: np.ndarray, seed: int) -> certificate.Scores:
+    """Scores of one token per row drawn from `sampled_from` [N, V], scored under `probs` [N, V]."""
+    rng = np.random.default_rng(seed)
+    cum = np.cumsum(sampled_from, axis=1)
+    tokens = (rng.uniform(size=(len(probs), 1)) > cum).sum(axis=1)
+    p_x = probs[np.arange(len(probs)), tokens]
+    ids = np.arange(probs.shape[1])[None, :]
+    ahead = (probs > p_x[:, None]) | ((probs == p_x[:, None]) & (ids < tokens[:, None]))
+    return certificate.Scores(
+        below=np.sum(np.where(ahead, probs, 0.0), axis=1),
+        p=p_x,
+        stop_mass=probs[:, -1],
+        is_stop=tokens == probs.shape[1] - 1,
+        index=np.zeros(len(probs), np.int64),
+    )
+
+
+def _random_distributions(n: int, vocab: int, seed: int, sharpness: float = 2.0) -> np.ndarray:
+    logits = sharpness * np.random.default_rng(seed).standard_normal((n, vocab))
+    return np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+
+
+def test_exact_draws_pass_and_a_sharper_sampler_fails():
+    """Draws from p itself pass every test; draws from p sharpened (T = 0.8, the bias a wrong
+    rule that over-accepts a confident draft leaves) fail uniformity, and u moves towards 0."""
+    p = _random_distributions(4000, 12, seed=0)
+    exact = certificate.tests(_draws(p, p, seed=1))
+    assert exact["passed"], exact
+    sharp = p**1.25 / np.sum(p**1.25, axis=1, keepdims=True)
+    biased = certificate.tests(_draws(p, sharp, seed=1))
+    assert not biased["uniformity"]["passed"]
+    assert sum(biased["uniformity"]["histogram"][:5]) > sum(biased["uniformity"]["histogram"][5:])
+
+
+def test_the_stop_balance_finds_too_many_stops():
+    """Stop token (the last id) drawn 30% more often than p gives it: z > 0 and the test fails;
+    from p itself, |z| small."""
+    p = _random_distributions(6000, 8, seed=2, sharpness=1.0)
+    more = p.copy()
+    more[:, -1] *= 1.3
+    more /= more.sum(axis=1, keepdims=True)
+    assert certificate.stop_balance(_draws(p, p, seed=3))["passed"]
+    found = certificate.stop_balance(_draws(p, more, seed=3))
+    assert found["z"] > 3.3 and not found["passed"]
+
+
+def test_power_statements():
+    """Delta_90 (K_0.001 = 1.9495, plus 1.2816 * 0.5) and the sample size it needs: 2,684 tokens
+    see a deviation of 0.05; a plan short of them is refused, naming both counts."""
+    assert certificate.required_tokens(1e-3, 0.05) == 2684
+    assert certificate.detectable_deviation(2684) <= 0.05 < certificate.detectable_deviation(2683)
+    with pytest.raises(
+        ValueError, match="needs 2684 scored tokens, and this run emits at most 2000"
+    ):
+        certificate.check_power(2000)
+    certificate.check_power(2684)
+    with pytest.raises(ValueError, match="level must be in"):
+        certificate.check_power(10_000, level=0.0)
+
+
+def test_caught_at_reports_the_first_failing_prefix():
+    p = _random_distributions(8000, 12, seed=4)
+    flat = np.full_like(p, 1.0 / p.shape[1])
+    assert certificate.caught_at(_draws(p, p, seed=5)) is None
+    n = certificate.caught_at(_draws(p, flat, seed=5))
+    assert n is not None and n <= 1024
+
+
+# ------------------------------------------------------------------------------------------------
+# The whole certificate on the small pair.
+
+
+@pytest.mark.parametrize(
+    "sampled, gamma, tree, acceptance",
+    [(T1, 2, None, "token"), (NUCLEUS, 3, None, "block"), (T1, None, (2, 1), "traversal")],
+    ids=["t1-chain", "nucleus-block", "t1-tree-traversal"],
+)
+def test_an_exact_decode_is_certified(small_pair, sampled, gamma, tree, acceptance):
+    found = small_certificate(small_pair, sampled, gamma, tree, acceptance)
+    assert found["status"] == "pass", found["reasons"]
+    for name in ("speculative", "plain"):
+        assert found[name]["tokens"] >= certificate.required_tokens(max_deviation=MAX_DEVIATION)
+        assert found[name]["uniformity"]["detectable_deviation"] <= MAX_DEVIATION
+        assert found[name]["stops"]["emitted"] > 100  # rows end inside the 24 tokens: stops seen
+
+
+@contextlib.contextmanager
+def misreporting_draft():
+    """A draft that samples from q at 1.6 times the temperature and reports q as it should be."""
+
+    def hot_sample(rng, logits, cfg):
+        tokens, _ = sampling.sample(rng, logits / 1.6, cfg)
+        return tokens, sampling.process_logits(logits, cfg)
+
+    original = model_drafter.sample
+    jax.clear_caches()
+    model_drafter.sample = hot_sample
+    try:
+        yield
+    finally:
+        model_drafter.sample = original
+        jax.clear_caches()
+
+
+# Broken rules, each caught (at this size) by the named test of the speculative program.
+BROKEN = {
+    "accept_all": "uniformity",
+    "residual_abs": "uniformity",
+    "residual_unclamped": "uniformity",
+    "misreported_q": "uniformity",
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_a_broken_rule_fails_the_certificate(small_pair, broken):
+    """The mutation harness's broken rules and a draft whose reported q is not the q it sampled
+    from: the certificate fails on the speculative program (not the control), by uniformity."""
+    if broken == "misreported_q":
+        context = misreporting_draft()
+    else:
+        context = replaced_everywhere(sampling, "verify_detailed", mutated_verify_detailed(broken))
+    with context:
+        found = small_certificate(small_pair, control=False)
+    assert found["status"] == "fail"
+    assert f"speculative: {BROKEN[broken]} failed" in found["reasons"]
+
+
+def test_greedy_is_certified_by_identity(small_pair):
+    found = small_certificate(small_pair, dict(temperature=0.0, top_k=0, top_p=1.0))
+    assert found["status"] == "pass"
+    assert found["identity"] == {"rows": ROWS, "identical": ROWS, "passed": True}
+
+
+def test_too_few_samples_are_refused_before_decoding(small_pair):
+    # 128 rows x 24 tokens x 1 seed = 3,072 at most; a deviation of 0.02 needs 16,774
+    with pytest.raises(JobError, match="too few samples to have power: .* needs 16774 scored"):
+        small_certificate(small_pair, seeds=1, max_deviation=0.02)
+    with pytest.raises(JobError, match="seeds must be a positive integer, got 0"):
+        small_certificate(small_pair, seeds=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The command and the notebook, on tiny random models with the byte vocabulary.
+
+TINY = ["--gin_file=configs/certify/tiny_random.gin"]
+
+
+def test_the_command_writes_a_certificate_and_exits_by_its_status(tmp_path, capsys):
+    from speculative import certify
+
+    out = tmp_path / "cert"
+    argv = [*TINY, f"--gin.OUTPUT_DIR='{out}'"]
+    assert certify.cli(argv) == 0
+    found = json.loads((out / "certificate.json").read_text())
+    assert found["status"] == "pass" and found["plan"]["rows"] == 8
+    assert found["speculative"]["tokens"] > 0 and found["plain"]["tokens"] > 0
+    assert {"git_commit", "git_dirty", "gin_config"} <= set(found["provenance"])
+    assert {"jax", "cpu", "argv"} <= set(found["environment"])
+    assert "certificate pass" in capsys.readouterr().out
+    # A plan without power: exit 2 and one line, before any model is built.
+    assert certify.cli([*argv, "--gin.MAX_DEVIATION=0.01"]) == 2
+    assert "too few samples to have power" in capsys.readouterr().err
+    with replaced_everywhere(sampling, "verify_detailed", mutated_verify_detailed("accept_all")):
+        assert certify.cli([*argv, "--gin.CONTROL=False", "--gin.SEEDS=8"]) == 1
+    assert json.loads((out / "certificate.json").read_text())["status"] == "fail"
