@@ -80,7 +80,19 @@ def certify_pair(
         max_deviation=max_deviation, control=control,
     )  # fmt: skip
     plan = {"prompts": len(ids), "rows": len(repeated), "seeds": seeds, "seed": seed}
-    return {**found, "sampling": dataclasses.asdict(sampling), "plan": plan}
+    decode_record = {
+        "draft": pair.draft.description,
+        "gamma": drafting.gamma,
+        "tree": None if drafting.tree is None else repr(drafting.tree),
+        "acceptance": drafting.acceptance,
+        "max_new_tokens": drafting.max_decode_len,
+    }
+    return {
+        **found,
+        "sampling": dataclasses.asdict(sampling),
+        "decode": decode_record,
+        "plan": plan,
+    }
 
 
 def check_plan(
