@@ -83,7 +83,7 @@ def certify_pair(
     decode_record = {
         "draft": pair.draft.description,
         "gamma": drafting.gamma,
-        "tree": None if drafting.tree is None else repr(drafting.tree),
+        "tree": None if drafting.tree is None else drafting.tree.describe(),
         "acceptance": drafting.acceptance,
         "max_new_tokens": drafting.max_decode_len,
     }

@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""docs/exactness.md's tables from the certificate files: one row per certificate (the decode,
+its sampling, tokens scored, the uniformity test with the deviation it could see, the stop-token
+balance, tokens outside the support, the status, and the plain control where the run had one),
+and one row per broken decoder of `scripts/certify_mutants.py` (when its uniformity failed).
+
+    python scripts/certificates_report.py benchmarks/certificates
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+
+def decode_label(found: dict) -> str:
+    """What was certified, in words: the draft and its forms, the rule, the tree."""
+    decode = found["decode"]
+    draft = decode["draft"]
+    name = re.search(r"gguf:([\w.\-]+)", draft)
+    label = name.group(1) if name else draft.split(" (")[0].split(":")[0]
+    forms = [
+        form
+        for form, pattern in (
+            ("shortlist", r"head shortlist \d+"),
+            ("int8", r"int8 weights"),
+            ("staged", r"staged by prompt lookup"),
+        )
+        if re.search(pattern, draft)
+    ]
+    label += f" ({', '.join(forms)})" if forms else ""
+    shape = decode["tree"] or f"γ {decode['gamma']}"
+    return f"{label}, {shape}, {decode['acceptance']} rule"
+
+
+def sampling_label(sampling: dict) -> str:
+    parts = [f"T {sampling['temperature']:g}"]
+    if sampling["top_k"]:
+        parts.append(f"top-k {sampling['top_k']}")
+    if sampling["top_p"] < 1.0:
+        parts.append(f"top-p {sampling['top_p']:g}")
+    return ", ".join(parts)
+
+
+def _tests(program: dict) -> str:
+    u, stops = program["uniformity"], program["stops"]
+    return (
+        f"{program['tokens']} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
+        f"{u['detectable_deviation']:.3f} | {stops['emitted']} / {stops['expected']:.1f} | "
+        f"{stops['z']:+.2f} | {program['outside_support']['count']}"
+    )
+
+
+def table(root: pathlib.Path) -> str:
+    """One row per `<root>/<name>/certificate.json`, sorted by name."""
+    lines = [
+        "| certificate | decode | sampling | tokens | KS D | KS p | sees D | stops: seen / expected "
+        "| stops z | outside support | status | plain control |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for path in sorted(root.glob("*/certificate.json")):
+        found = json.loads(path.read_text())
+        control = found.get("plain")
+        control_cell = (
+            "the chain's (same prompts, seed, sampling: the same plain sample)"
+            if control is None
+            else f"{control['tokens']} tokens, KS p {control['uniformity']['pvalue']:.2f}, "
+            f"stops z {control['stops']['z']:+.2f}, {'pass' if control['passed'] else 'FAIL'}"
+        )
+        lines.append(
+            f"| `{path.parent.name}` | {decode_label(found)} | "
+            f"{sampling_label(found['sampling'])} | {_tests(found['speculative'])} | "
+            f"{found['status']} | {control_cell} |"
+        )
+    return "\n".join(lines)
+
+
+def mutants_table(path: pathlib.Path) -> str:
+    """One row per decoder of a certify_mutants.py file."""
+    record = json.loads(path.read_text())
+    lines = [
+        "| decoder | status | tokens | KS D | KS p | stops z | caught at (tokens) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in record["mutants"].items():
+        caught = "not caught" if m["caught_at"] is None else str(m["caught_at"])
+        lines.append(
+            f"| `{name}` | {m['status']} | {m['tokens']} | {m['ks_statistic']:.3f} | "
+            f"{m['ks_pvalue']:.2g} | {m['stops_z']:+.2f} | {caught} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    print(table(args.root))
+    for path in sorted(args.root.glob("mutants*.json")):
+        print(f"\n{path.name}:\n")
+        print(mutants_table(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
