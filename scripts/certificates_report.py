@@ -18,7 +18,7 @@ import sys
 
 def decode_label(found: dict) -> str:
     """What was certified, in words: the draft and its forms, the rule, the tree."""
-    decode = found["decode"]
+    decode = found.get("decode") or _decode_from_settings(found["settings"])
     draft = decode["draft"]
     name = re.search(r"gguf:([\w.\-]+)", draft)
     label = name.group(1) if name else draft.split(" (")[0].split(":")[0]
@@ -34,6 +34,30 @@ def decode_label(found: dict) -> str:
     label += f" ({', '.join(forms)})" if forms else ""
     shape = decode["tree"] or f"γ {decode['gamma']}"
     return f"{label}, {shape}, {decode['acceptance']} rule"
+
+
+def _decode_from_settings(settings: dict) -> dict:
+    """The decode of a certificate written before certificates recorded it (its gin settings:
+    the draft spec's fields, gamma None = the default 4 of a chain)."""
+    draft = settings["draft"]
+    path = re.search(r"'path': '([^']+)'", draft)
+    forms = {
+        "shortlist": (r"'shortlist': [1-9]", "head shortlist 1"),
+        "quantize": (r"'quantize': 'int8'", "int8 weights"),
+        "staged": (r"'staged_lookahead': [1-9]", "staged by prompt lookup"),
+    }
+    described = f"gguf:{path.group(1)}" if path else draft
+    described += "".join(
+        f", {words}" for pattern, words in forms.values() if re.search(pattern, draft)
+    )
+    gamma = None if settings["gamma"] == "None" else int(settings["gamma"])
+    tree = None if settings["tree"] == "None" else f"tree widths {settings['tree']}"
+    return {
+        "draft": described,
+        "gamma": gamma if gamma is not None or tree else 4,
+        "tree": tree,
+        "acceptance": settings["acceptance"].strip("'"),
+    }
 
 
 def sampling_label(sampling: dict) -> str:

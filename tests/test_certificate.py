@@ -216,7 +216,37 @@ def test_the_command_writes_a_certificate_and_exits_by_its_status(tmp_path, caps
     assert "certificate pass" in capsys.readouterr().out
     # A plan without power: exit 2 and one line, before any model is built.
     assert certify.cli([*argv, "--gin.MAX_DEVIATION=0.01"]) == 2
-    assert "too few samples to have power" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "error: too few samples to have power: a certificate at level 0.001 that sees a deviation"
+        " of 0.01 needs 67094 scored tokens, and this run emits at most 512 (rows x seeds x "
+        "max_new_tokens); add rows or seeds, or allow a larger max_deviation\n"
+    )
+    assert certify.cli([*argv, "--gin.DRAFT=None"]) == 2
+    assert "DRAFT is None: a certificate needs a draft" in capsys.readouterr().err
     with replaced_everywhere(sampling, "verify_detailed", mutated_verify_detailed("accept_all")):
         assert certify.cli([*argv, "--gin.CONTROL=False", "--gin.SEEDS=8"]) == 1
     assert json.loads((out / "certificate.json").read_text())["status"] == "fail"
+
+
+def test_prompts_come_from_texts_a_file_and_spec_bench_questions(tmp_path):
+    """PROMPTS, then INPUT_FILE's first INPUT_LIMIT inputs, then the questions' first turns."""
+    from speculative import vocab
+    from speculative.jobs.certify.config import CertifyConfig
+    from speculative.jobs.certify.run import prompts_of
+
+    inputs_file = tmp_path / "inputs.jsonl"
+    inputs_file.write_text("".join(json.dumps({"inputs": f"line {i}"}) + "\n" for i in range(5)))
+    questions = tmp_path / "question.jsonl"
+    row = {"question_id": 81, "category": "translation", "turns": ["Bonjour ?", "Et puis ?"]}
+    questions.write_text(json.dumps(row) + "\n")
+    cfg = CertifyConfig(
+        output_dir="unused", target=None, prompts=["a prompt"], chat=False,
+        input_file=str(inputs_file), input_limit=2, questions=str(questions),
+        tasks=["translation"],
+    )  # fmt: skip
+    byte = vocab.ByteVocabulary()
+    ids, texts = prompts_of(cfg, byte)
+    assert texts == ["a prompt", "line 0", "line 1", "Bonjour ?"]
+    assert ids == [byte.encode(t) for t in texts]
+    with pytest.raises(JobError, match="no prompts: set PROMPTS, INPUT_FILE"):
+        prompts_of(CertifyConfig(output_dir="unused", target=None, chat=False), byte)

@@ -21,7 +21,8 @@ class CertifyConfig:
 
     prompts: texts to decode; with `chat`, each is a user turn put through the target's chat
       template (chat_template: its text or a .jinja path; None: the model's own), else the text
-      as it is. questions: a Spec-Bench question.jsonl whose questions' first turns are prompts
+      as it is. input_file: the first `input_limit` inputs of a JSONL / TSV file or 'humaneval'
+      are prompts too (as the infer job reads them). questions: a Spec-Bench question.jsonl whose questions' first turns are prompts
       too (tasks, per_task: which, as the Spec-Bench job selects them; MT-bench one per category).
     rows_per_prompt: copies of each prompt in the batch (each row samples on its own); seeds: how
       many batches, each with its own key (fold_in(PRNGKey(seed), i)).
@@ -39,6 +40,8 @@ class CertifyConfig:
     prompts: Sequence[str] = ()
     chat: bool = True
     chat_template: str | None = None
+    input_file: str | None = None
+    input_limit: int | None = 8
     questions: str | None = None
     tasks: Sequence[str] = tuple(spec_bench.TASKS)
     per_task: int | None = 1

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from speculative import decoding, vocab
-from speculative.data import spec_bench
+from speculative.data import inputs, spec_bench
 from speculative.errors import JobError
 from speculative.jobs import pairs
 from speculative.jobs.certify.config import CertifyConfig
@@ -132,13 +132,18 @@ def prompts_of(cfg: CertifyConfig, vocabulary: Any) -> tuple[list[list[int]], li
     """The prompts' ids and texts: PROMPTS, then the chosen questions' first turns; with `chat`,
     each a user turn through the chat template."""
     texts = list(cfg.prompts)
+    if cfg.input_file is not None:
+        texts += [e.inputs for e in inputs.read_examples(cfg.input_file, limit=cfg.input_limit)]
     if cfg.questions is not None:
         chosen = spec_bench.select(
             spec_bench.read_questions(cfg.questions), cfg.tasks, cfg.per_task, cfg.per_task
         )
         texts += [q.turns[0] for q in chosen]
     if not texts:
-        raise JobError("no prompts: set PROMPTS, or QUESTIONS (a Spec-Bench question.jsonl)")
+        raise JobError(
+            "no prompts: set PROMPTS, INPUT_FILE (JSONL, TSV or 'humaneval') or QUESTIONS (a "
+            "Spec-Bench question.jsonl)"
+        )
     if not cfg.chat:
         return [vocabulary.encode(t) for t in texts], texts
     try:
