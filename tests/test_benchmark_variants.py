@@ -85,6 +85,7 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
             "--gin.BATCH_SIZES=[2]",
             "--gin.REPEATS=1",
             "--gin.SCORE_OUTPUTS=True",
+            "--gin.CERTIFY_OUTPUTS=True",
             "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
         ]
     )
@@ -124,6 +125,18 @@ def test_variants_share_one_plain_baseline_per_cell(tmp_path):
                 )
             else:
                 assert p["greedy_identical_to_plain"] is None
+    # CERTIFY_OUTPUTS: at T = 1 each program's outputs through the certificate's tests (plain's
+    # the control), scored token for token; greedy cells have identity instead
+    assert "certificates" not in cells[0.0]
+    found = cells[1.0]["certificates"]
+    assert set(found) == {"plain"} | {f"{v} gamma {g}" for v, g in labels[1.0]}
+    for name, tests in found.items():
+        assert tests["tokens"] == sum(
+            p["speculative_tokens"]
+            for p in cells[1.0]["points"]
+            if f"{p['variant']} gamma {p['gamma']}" == name
+        ) or (name == "plain" and tests["tokens"] == cells[1.0]["points"][0]["plain_tokens"])
+        assert 0.0 <= tests["uniformity"]["pvalue"] <= 1.0 and "stops" in tests
     table = benchmark_report.variant_table(result)
     assert table.count("\n") == 1 + 6 + 7  # header and rule, then plain + points per cell
     assert "| lenient | 1 | 2 |" in table and "| plain | 0 |" in table

@@ -216,9 +216,12 @@ class BenchmarkConfig:
     compilation_cache_dir: str | None = None
     # Speculative variants swept against one shared plain baseline per cell (None: one variant,
     # `draft` at `gammas` with `lenience`, as before); score_outputs: each program's outputs get
-    # the target's mean log-probability per generated token (untimed).
+    # the target's mean log-probability per generated token (untimed); certify_outputs: at T > 0,
+    # each program's outputs go through the exactness certificate's tests (untimed,
+    # `measure.certificate`: every emitted token scored teacher-forced), plain's the control.
     variants: Sequence[Variant] | None = None
     score_outputs: bool = False
+    certify_outputs: bool = False
 
 
 @gin.configurable(module="speculative")

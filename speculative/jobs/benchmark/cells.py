@@ -22,7 +22,7 @@ from speculative.jobs.benchmark.settings import Settings
 from speculative.jobs.benchmark.setup import Setup
 from speculative.jobs.config import Variant
 from speculative.loading import specs as ml
-from speculative.measure import metrics
+from speculative.measure import certificate, metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,20 @@ def mean_logprob(target: ml.Loaded, batches: Sequence[dict[str, jax.Array]], tim
         for b, o in zip(batches, timed.outputs)
     )
     return total / max(timed.tokens, 1)
+
+
+def certify_outputs(
+    setup: Setup, batches: Sequence[dict[str, jax.Array]], timed: Timed, sampling: Any
+) -> dict[str, Any]:
+    """The exactness certificate's tests (`measure.certificate.tests`) of one program's outputs at
+    T > 0: every emitted token scored by the target, teacher-forced, as the decoder processed it."""
+    target = setup.target
+    scores = certificate.Scores.concat([
+        certificate.score(target.model, target.params, batch, np.asarray(out.tokens),
+                          np.asarray(out.lengths), sampling, setup.stop_ids)
+        for batch, out in zip(batches, timed.outputs, strict=True)
+    ])  # fmt: skip
+    return certificate.tests(scores)
 
 
 def cell_points(
@@ -147,6 +161,21 @@ def measure_cell(
         logprobs = {
             k: mean_logprob(setup.target, batches, t) for k, t in timed.items() if t.outputs
         }
+    certificates = {}
+    if s.sweep.certify_outputs and not sampling.greedy:  # untimed, as the scores
+        certificates = {
+            k if isinstance(k, str) else f"{k[0]} gamma {k[1]}": certify_outputs(
+                setup, batches, t, sampling
+            )
+            for k, t in timed.items()
+            if t.outputs
+        }
+        for name, found in certificates.items():
+            log.info(
+                f"certificate {name}: {'pass' if found['passed'] else 'FAIL'}, {found['tokens']} "
+                f"tokens, KS p {found['uniformity']['pvalue']:.3g} (sees "
+                f"{found['uniformity']['detectable_deviation']:.3f}), stops z {found['stops']['z']:+.2f}"
+            )
     points = cell_points(timed, setup, s, variants, costs, sampling.greedy, logprobs)
     summaries = {v.name: variant_summary(v, points, timed) for v in variants}
     first = summaries[variants[0].name]
@@ -155,6 +184,8 @@ def measure_cell(
         extra["variants"] = summaries
     if s.sweep.score_outputs:
         extra["plain_target_mean_logprob"] = logprobs["plain"]
+    if certificates:
+        extra["certificates"] = certificates
     first_point = next(p for p in points if p.variant == variants[0].name)
     return {
         "batch_size": len(inputs.input_tokens(batches[0])),

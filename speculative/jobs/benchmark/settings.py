@@ -218,6 +218,7 @@ class Sweep:
     top_k: int
     top_p: float
     score_outputs: bool
+    certify_outputs: bool
 
     @property
     def max_gamma(self) -> int:
@@ -275,6 +276,7 @@ def resolve(cfg: BenchmarkConfig, partitioner: Any = None) -> Settings:
         top_k=cfg.top_k,
         top_p=cfg.top_p,
         score_outputs=cfg.score_outputs,
+        certify_outputs=cfg.certify_outputs,
     )
     run = Run(output_location(cfg.output_dir), cfg.repeats, cfg.seed, cfg.compilation_cache_dir)
     return Settings(models, inputs, sweep, run)
