@@ -301,3 +301,22 @@ def test_the_notebook_gives_a_draft_with_its_own_tokenizer_the_text(tmp_path):
     spec = pair.generate(texts, max_new_tokens=10, gamma=2)
     assert spec.tokens == pair.generate(texts, max_new_tokens=10, speculative=False).tokens
     assert spec.stats["drafted"] > 0
+
+
+def test_the_notebook_refuses_a_draft_vocabulary_it_would_ignore(tmp_path):
+    """`load_pair(..., draft_vocabulary=...)` with a GGUF draft: the draft is read with its file's
+    own tokenizer whatever is passed (as the jobs read it), so passing another is refused, naming
+    both, before anything loads (issue 57; was: silently ignored)."""
+    import speculative
+    from speculative.errors import JobError
+    from speculative.loading import specs as ml
+
+    target = write_bpe_model(_trained(TARGET_TEXT, 300, "<|endoftext|>"), tmp_path / "t.gguf", 0)
+    draft = write_bpe_model(_trained(DRAFT_TEXT, 280, "</s>"), tmp_path / "d.gguf", 1)
+    byte = ml.VocabSpec("byte", extra_ids=0)
+    with pytest.raises(
+        JobError,
+        match=r"draft_vocabulary=.*byte.* would be ignored: a gguf draft "
+        r"is read with the tokenizer its file carries \(.*d\.gguf\)",
+    ):
+        speculative.load_pair(str(target), str(draft), dtype="float32", draft_vocabulary=byte)

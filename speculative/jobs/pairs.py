@@ -159,6 +159,14 @@ def load(
     unset, the draft checkpoint's own when `vocabulary` is unset too, else the target's."""
     vocabulary_spec = vocabulary or vocab_spec(target)
     drafts = [] if draft is None else [("draft", draft)]
+    if drafts and draft_vocabulary is not None:
+        own = common.draft_vocabulary_of(draft, draft_vocabulary)
+        if own != draft_vocabulary:  # the jobs read such a draft with its file's tokenizer
+            raise JobError(
+                f"draft_vocabulary={draft_vocabulary!r} would be ignored: a {draft.format} draft "
+                f"is read with the tokenizer its file carries ({ml.where(own)}); leave "
+                "draft_vocabulary unset (it is for drafts without one: T5X, random weights)"
+            )
     if drafts and draft_vocabulary is None and vocabulary is None:
         if isinstance(draft, ml.ModelSpec):
             draft_vocabulary = vocab_spec(draft)

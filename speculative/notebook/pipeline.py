@@ -252,10 +252,11 @@ def load_pair(
     """Loads a target and a draft (see the module docstring for how each may be named).
 
     vocabulary: needed for T5X checkpoints and random weights; otherwise the target's own.
-    draft_vocabulary: the draft model's own tokenizer; unset, the one its checkpoint carries (a
-      GGUF file, a Hugging Face directory) when `vocabulary` is unset too, else the target's. A
-      draft whose vocabulary differs from the target's proposes through cross-vocabulary tables
-      (drafts/cross_vocab.py), still exactly.
+    draft_vocabulary: the tokenizer of a draft whose checkpoint carries none (T5X, random
+      weights); unset, the target's. A draft from a GGUF file or a Hugging Face directory is read
+      with the tokenizer its file carries (another one given here is refused: it would be
+      ignored). A draft whose vocabulary differs from the target's proposes through
+      cross-vocabulary tables (drafts/cross_vocab.py), still exactly.
     Raises JobError (one line naming the role and the file) for what cannot be loaded.
     """
     if not logging.getLogger("speculative").handlers:  # a notebook: show loading and downloads
