@@ -54,6 +54,7 @@ from speculative.drafts import shortlist, staged
 from speculative.loading import fetch
 from speculative.measure import runner, timing
 from speculative.models import decoder, int8, precision
+from speculative.outputs import provenance
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
@@ -133,6 +134,7 @@ class Ours:
 
 
 def run(args) -> dict[str, Any]:
+    code = provenance.record(None)  # before anything runs: a long run's tree may be edited
     target_path = fetch.ensure_model(TARGET)
     draft_path = fetch.ensure_model(DRAFT)
     problems = inputs.humaneval_prompts()
@@ -254,6 +256,8 @@ def run(args) -> dict[str, Any]:
         versions=dict(jax=jax.__version__, **hf.versions),
         cpu=_cpu_model(),
         xla_flags=os.environ.get("XLA_FLAGS", ""),
+        provenance=code,  # the commit and dirty state the run started from, the package version
+        environment=provenance.environment(),  # time, command line, jax, devices, CPU and flags
     )
 
 

@@ -130,6 +130,8 @@ def test_benchmark_job_end_to_end(tmp_path, monkeypatch):
     assert f"| {first['speedup_mean']:.2f}x [{lo:.2f}, {hi:.2f}] |" in table  # the CI column
     made = on_disk["provenance"]
     assert "GAMMAS = [2, 3]" in made["gin_config"] and "git_commit" in made and "git_dirty" in made
+    where = on_disk["environment"]  # where it was measured (issue 57: was missing)
+    assert where["jax"] and where["jaxlib"] and where["argv"] and "cpu_flags" in where
     # TensorBoard: speedup, alpha and tau of the cell's points, one curve over gamma each
     scalars = summaries.read_scalars(out / "tensorboard")
     points = result["cells"][0]["points"]

@@ -216,6 +216,8 @@ def _check_logs_and_provenance(captured, out: pathlib.Path) -> None:
     assert any(" INFO speculative.jobs.infer.run: 5 examples, 0 already in " in x for x in logged)
     assert "target:" not in captured.out and "wrote " in captured.out  # results stay on stdout
     made = json.loads((out / "summary.json").read_text())["provenance"]
+    where = json.loads((out / "summary.json").read_text())["environment"]  # issue 57
+    assert where["jax"] and where["time_utc"] and where["cores"] >= 1
     assert (
         made["gin_config"] == (out / "config.gin").read_text()
         and "InferConfig" in made["gin_config"]

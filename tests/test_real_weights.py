@@ -289,6 +289,7 @@ def test_demo_runs_end_to_end_on_smollm_drafting_for_itself(tmp_path):
         ]
     )
     assert json.loads(out.read_text())["tokens"] == result["tokens"]
+    assert result["environment"]["jax"] and result["environment"]["argv"]  # issue 57
     assert len(result["rows"]) == 2
     assert all(row["identical_to_plain"] for row in result["rows"])
     assert result["alpha"] > 0.999

@@ -63,6 +63,7 @@ def run_locked(
             out_dir.delete(name)
     result = header(s, setup)
     result["provenance"] = provenance.record(gin.operative_config_str())  # models built: complete
+    result["environment"] = provenance.environment()  # time, command line, jax, CPU and flags
     if cache is not None and cache.dir:
         result["compilation_cache"] = cache.to_json()
     # purge_step 0: an earlier sweep's events in this directory are hidden, as its benchmark.json

@@ -248,6 +248,7 @@ def result_json(
         "acceptance_by_position": summary["acceptance_by_position"],
         "rows": decoded.rows,
         "provenance": provenance.record(None),  # argparse flags, no gin config
+        "environment": provenance.environment(),  # time, command line, jax, CPU and flags
     }
 
 

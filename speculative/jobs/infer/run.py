@@ -176,6 +176,7 @@ def write_summary(
     store.finish()  # on a store: predictions.jsonl from the committed chunks
     config = gin.operative_config_str()
     summary["provenance"] = provenance.record(config)
+    summary["environment"] = provenance.environment()
     store.out.write_text("summary.json", json.dumps(summary, indent=2))
     store.out.write_text("config.gin", config)
     rows.print_summary(summary, store.out)
