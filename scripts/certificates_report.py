@@ -74,7 +74,7 @@ def _tests(program: dict) -> str:
     return (
         f"{program['tokens']} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
         f"{u['detectable_deviation']:.3f} | {stops['emitted']} / {stops['expected']:.1f} | "
-        f"{stops['z']:+.2f} | {program['outside_support']['count']}"
+        f"{stops['z']:+.2f} | ±{stops['detectable_excess']:.0f} | {program['outside_support']['count']}"
     )
 
 
@@ -82,8 +82,8 @@ def table(root: pathlib.Path) -> str:
     """One row per `<root>/<name>/certificate.json`, sorted by name."""
     lines = [
         "| certificate | decode | sampling | tokens | KS D | KS p | sees D | stops: seen / expected "
-        "| stops z | outside support | status | plain control |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| stops z | sees stops | outside support | status | plain control |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for path in sorted(root.glob("*/certificate.json")):
         found = json.loads(path.read_text())

@@ -5,7 +5,9 @@ inner rule that the same check rejects), and decoding with it must stay exact: g
 with plain decoding (ragged batch, EOS inside blocks, gamma 1 and large) and the target's
 sequence distribution when sampling."""
 
+import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -151,3 +153,35 @@ def test_the_benchmark_times_a_staged_drafters_model_prefill_apart(draft):
     assert harness.prefilled_model(ml.Loaded(model, params, "model")) == (model, params)
     lookup = ml.Loaded(prompt_lookup.PromptLookupDrafter(model.vocab_size), {}, "lookup")
     assert harness.prefilled_model(lookup) is None
+
+
+@pytest.mark.parametrize(
+    "role, field, value, message",
+    [
+        ("draft", "staged_lookahead", -1, "draft: staged_lookahead must be an int >= 0, got -1"),
+        ("draft", "staged_lookahead", 1.5, "draft: staged_lookahead must be an int >= 0, got 1.5"),
+        ("draft", "shortlist", True, "draft: shortlist must be an int >= 0, got True"),
+        ("target", "staged_lookahead", 3, "target: staged_lookahead is a draft's option"),
+        ("target", "shortlist", 64, "target: shortlist is a draft's option"),
+    ],
+)
+def test_draft_forms_are_checked_before_any_weight_loads(role, field, value, message):
+    """A staged lookahead or shortlist that is no int >= 0, or either on a target (where it was
+    silently ignored), is refused by `load_pair` before anything is read (issue 57)."""
+    import speculative
+    from speculative.loading import specs as ml
+    from speculative.models import decoder
+
+    config = decoder.DecoderConfig(
+        vocab_size=264, emb_dim=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+        mlp_dim=64, max_seq_len=256,
+    )  # fmt: skip
+    good = ml.ModelSpec("random", model=decoder.DecoderLM(config))
+    bad = dataclasses.replace(good, **{field: value})
+    target, draft = (bad, good) if role == "target" else (good, bad)
+    loads = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ml, "load_model", lambda *a, **k: loads.append(a))
+        with pytest.raises(JobError, match=re.escape(message)):
+            speculative.load_pair(target, draft, vocabulary=speculative.VocabSpec("byte"))
+    assert loads == []

@@ -157,6 +157,9 @@ def load(
     vocabulary checks, padding masks, draft forms (a shortlist head fitted to `prompts`, int8,
     staging) and one-line `JobError`s. vocabulary: unset, the target's own; draft_vocabulary:
     unset, the draft checkpoint's own when `vocabulary` is unset too, else the target's."""
+    ml.validate_model_spec(target, "target", model_only=True)  # both before any weight loads
+    if draft is not None:
+        ml.validate_model_spec(draft, "draft")
     vocabulary_spec = vocabulary or vocab_spec(target)
     drafts = [] if draft is None else [("draft", draft)]
     if drafts and draft_vocabulary is not None:

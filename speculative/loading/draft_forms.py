@@ -76,8 +76,7 @@ def with_staging(draft: ml.Loaded, spec: Any, role: str = "draft") -> ml.Loaded:
     lookahead = getattr(spec, "staged_lookahead", 0) if isinstance(spec, ml.ModelSpec) else 0
     if not lookahead:
         return draft
-    if not isinstance(lookahead, int) or lookahead < 1:
-        raise JobError(f"staged_lookahead must be an int >= 0, got {lookahead!r}", role=role)
+    ml.check_draft_forms(spec, role)
     if getattr(draft.model, "is_encoder_decoder", False):
         raise JobError("staged drafting needs a decoder-only draft model", role=role)
     log.info(f"{role}: staged drafting, prompt lookup proposes {lookahead} tokens a draft call")

@@ -185,6 +185,7 @@ def validate_model_spec(
             "the machine runs it faster)"
         ) from e
     check_quantization(spec, role)
+    check_draft_forms(spec, role)
     needs_model = spec.format == "random" or families.needs_model(spec.format)
     if needs_model and not hasattr(spec.model, "init_params"):
         raise JobError(f"{role}: format {spec.format!r} needs ModelSpec.model (e.g. %MODEL)")
@@ -234,6 +235,21 @@ def describe(spec: ModelSpec | DraftSpec) -> str:
 
 
 QUANTIZATIONS = ("", "int8")
+
+
+def check_draft_forms(spec: ModelSpec, role: str) -> None:
+    """JobError for a shortlist or staged lookahead that is not an int >= 0, or either on a
+    target (they are a draft's forms: a target's would be ignored)."""
+    for name in ("shortlist", "staged_lookahead"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise JobError(f"{name} must be an int >= 0, got {value!r}", role=role)
+        if value and role == "target":
+            raise JobError(
+                f"{name} is a draft's option: the target is decoded as it is (it would be "
+                "ignored)",
+                role=role,
+            )
 
 
 def check_quantization(spec: Any, role: str, partitioner: Any = None) -> None:
