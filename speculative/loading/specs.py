@@ -246,8 +246,7 @@ def check_draft_forms(spec: ModelSpec, role: str) -> None:
             raise JobError(f"{name} must be an int >= 0, got {value!r}", role=role)
         if value and role == "target":
             raise JobError(
-                f"{name} is a draft's option: the target is decoded as it is (it would be "
-                "ignored)",
+                f"{name} is a draft's option: the target is decoded as it is (it would be ignored)",
                 role=role,
             )
 

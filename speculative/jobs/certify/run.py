@@ -174,12 +174,21 @@ def run(cfg: CertifyConfig) -> dict[str, Any]:
     """Runs the job; returns the certificate also written to OUTPUT_DIR/certificate.json."""
     prepared = prepare(cfg)
     code = provenance.git_state()  # the code as it was at the start
+    pair = pairs.load(
+        pairs.model_spec(cfg.target), pairs.model_spec(cfg.draft), cfg.vocabulary,
+        prompts=prepared.ids,
+    )  # fmt: skip
+    return certify_loaded(cfg, prepared, pair, code)
+
+
+def certify_loaded(
+    cfg: CertifyConfig, prepared: Prepared, pair: pairs.LoadedPair, code: dict[str, Any]
+) -> dict[str, Any]:
+    """`certify_pair` of a loaded pair by `cfg`'s settings, written to OUTPUT_DIR/certificate.json
+    with the settings, provenance (`code`: the git state the run started from) and environment.
+    A sweep of decodes of one pair (scripts/certify_sweep.py) loads it once and calls this."""
     start = time.perf_counter()
     with hold_output_dir(cfg.output_dir) as out:
-        pair = pairs.load(
-            pairs.model_spec(cfg.target), pairs.model_spec(cfg.draft), cfg.vocabulary,
-            prompts=prepared.ids,
-        )  # fmt: skip
         found = certify_pair(
             pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative,
             rows_per_prompt=cfg.rows_per_prompt, seeds=cfg.seeds, seed=cfg.seed,
