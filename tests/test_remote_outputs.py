@@ -132,7 +132,8 @@ def test_infer_on_a_store_resumes_after_a_kill_and_equals_the_local_run(tmp_path
     assert out.read_bytes("predictions.jsonl") == (local_dir / "predictions.jsonl").read_bytes()
     summary = json.loads(out.read_text("summary.json"))
     mine = json.loads((local_dir / "summary.json").read_text())
-    apart = ("this_run", "provenance")  # provenance's gin config names each OUTPUT_DIR
+    # provenance's gin config names each OUTPUT_DIR; environment has each run's time
+    apart = ("this_run", "provenance", "environment")
     assert {k: v for k, v in summary.items() if k not in apart} == {
         k: v for k, v in mine.items() if k not in apart
     }

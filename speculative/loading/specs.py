@@ -245,10 +245,8 @@ def check_draft_forms(spec: ModelSpec, role: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise JobError(f"{name} must be an int >= 0, got {value!r}", role=role)
         if value and role == "target":
-            raise JobError(
-                f"{name} is a draft's option: the target is decoded as it is (it would be ignored)",
-                role=role,
-            )
+            message = f"{name} is a draft's option: the target is decoded as it is (ignored)"
+            raise JobError(message, role=role)
 
 
 def check_quantization(spec: Any, role: str, partitioner: Any = None) -> None:

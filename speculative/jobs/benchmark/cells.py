@@ -70,6 +70,30 @@ def certify_outputs(
     return certificate.tests(scores)
 
 
+def cell_certificates(
+    setup: Setup,
+    batches: Sequence[dict[str, jax.Array]],
+    timed: Mapping[Hashable, Timed],
+    sampling: Any,
+) -> dict[str, Any]:
+    """`certify_outputs` of every program of a cell that has outputs, by name ('plain', '<variant>
+    gamma <g>'), each logged in one line."""
+    certificates = {
+        k if isinstance(k, str) else f"{k[0]} gamma {k[1]}": certify_outputs(
+            setup, batches, t, sampling
+        )
+        for k, t in timed.items()
+        if t.outputs
+    }
+    for name, found in certificates.items():
+        log.info(
+            f"certificate {name}: {'pass' if found['passed'] else 'FAIL'}, {found['tokens']} "
+            f"tokens, KS p {found['uniformity']['pvalue']:.3g} (sees "
+            f"{found['uniformity']['detectable_deviation']:.3f}), stops z {found['stops']['z']:+.2f}"
+        )
+    return certificates
+
+
 def cell_points(
     timed: Mapping[Hashable, Timed],
     setup: Setup,
@@ -163,19 +187,7 @@ def measure_cell(
         }
     certificates = {}
     if s.sweep.certify_outputs and not sampling.greedy:  # untimed, as the scores
-        certificates = {
-            k if isinstance(k, str) else f"{k[0]} gamma {k[1]}": certify_outputs(
-                setup, batches, t, sampling
-            )
-            for k, t in timed.items()
-            if t.outputs
-        }
-        for name, found in certificates.items():
-            log.info(
-                f"certificate {name}: {'pass' if found['passed'] else 'FAIL'}, {found['tokens']} "
-                f"tokens, KS p {found['uniformity']['pvalue']:.3g} (sees "
-                f"{found['uniformity']['detectable_deviation']:.3f}), stops z {found['stops']['z']:+.2f}"
-            )
+        certificates = cell_certificates(setup, batches, timed, sampling)
     points = cell_points(timed, setup, s, variants, costs, sampling.greedy, logprobs)
     summaries = {v.name: variant_summary(v, points, timed) for v in variants}
     first = summaries[variants[0].name]
