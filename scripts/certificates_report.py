@@ -33,7 +33,9 @@ def decode_label(found: dict) -> str:
     ]
     label += f" ({', '.join(forms)})" if forms else ""
     shape = decode["tree"] or f"γ {decode['gamma']}"
-    return f"{label}, {shape}, {decode['acceptance']} rule"
+    # on a tree, the 'token' rule is the tree rule (decoding/acceptance/tree.py)
+    rule = "tree" if decode["tree"] and decode["acceptance"] == "token" else decode["acceptance"]
+    return f"{label}, {shape}, {rule} rule"
 
 
 def _decode_from_settings(settings: dict) -> dict:
@@ -89,7 +91,7 @@ def table(root: pathlib.Path) -> str:
         found = json.loads(path.read_text())
         control = found.get("plain")
         control_cell = (
-            "the chain's (same prompts, seed, sampling: the same plain sample)"
+            "none in this run (the chain's at this sampling has one)"
             if control is None
             else f"{control['tokens']} tokens, KS p {control['uniformity']['pvalue']:.2f}, "
             f"stops z {control['stops']['z']:+.2f}, {'pass' if control['passed'] else 'FAIL'}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import pathlib
 import sys
@@ -66,10 +67,10 @@ def main(argv: list[str]) -> int:
     for name in args.mutants.split(","):
         start = time.perf_counter()
         with mutant(name):
+            plan = dataclasses.replace(cfg, control=False)  # the mutants leave plain decoding be
             found = certify_run.certify_pair(
-                pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative,
-                rows_per_prompt=cfg.rows_per_prompt, seeds=cfg.seeds, seed=cfg.seed,
-                level=cfg.level, max_deviation=cfg.max_deviation, control=False,
+                pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative, plan,
+                cfg.seed,
             )  # fmt: skip
         spec = found["speculative"]
         results[name] = {

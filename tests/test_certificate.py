@@ -19,6 +19,7 @@ import pytest
 from speculative.decoding import model_drafter, sampling
 from speculative.errors import JobError
 from speculative.jobs import pairs
+from speculative.jobs.certify.config import SamplePlan
 from speculative.jobs.certify.run import certify_pair
 from speculative.loading import specs as ml
 from speculative.measure import certificate
@@ -47,7 +48,7 @@ def small_certificate(small_pair, sampled=T1, gamma=2, tree=None, acceptance="to
     )  # fmt: skip
     options = {"rows_per_prompt": ROWS, "seeds": SEEDS, "max_deviation": MAX_DEVIATION, **plan}
     return certify_pair(
-        small_loaded(small_pair), [helpers.PROMPT], None, plain, drafting, **options
+        small_loaded(small_pair), [helpers.PROMPT], None, plain, drafting, SamplePlan(**options)
     )
 
 
@@ -250,3 +251,27 @@ def test_prompts_come_from_texts_a_file_and_spec_bench_questions(tmp_path):
     assert ids == [byte.encode(t) for t in texts]
     with pytest.raises(JobError, match="no prompts: set PROMPTS, INPUT_FILE"):
         prompts_of(CertifyConfig(output_dir="unused", target=None, chat=False), byte)
+
+
+def test_the_notebook_certifies_with_the_jobs_code():
+    """`Pair.certify` on the tiny random pair: the plan and decode options as keywords, a pass at
+    T = 1, identity at T = 0, and an option neither takes refused in one line."""
+    import speculative
+    from speculative.models import decoder
+
+    def tiny(layers: int) -> ml.ModelSpec:
+        config = decoder.DecoderConfig(
+            vocab_size=264, emb_dim=32, num_layers=layers, num_heads=4, num_kv_heads=2,
+            head_dim=8, mlp_dim=64, max_seq_len=256,
+        )  # fmt: skip
+        return ml.ModelSpec("random", model=decoder.DecoderLM(config), seed=layers)
+
+    pair = speculative.load_pair(tiny(2), tiny(1), vocabulary=speculative.VocabSpec("byte", extra_ids=0))
+    prompts = ["def add(a, b):", "x = 1; y"]
+    found = pair.certify(prompts, rows_per_prompt=4, seeds=2, max_new_tokens=32, max_deviation=0.2)
+    assert found["status"] == "pass" and found["plan"]["rows"] == 8
+    assert found["sampling"]["temperature"] == 1.0 and found["decode"]["gamma"] == 4
+    greedy = pair.certify(prompts, temperature=0.0, max_new_tokens=16, max_deviation=0.2)
+    assert greedy["identity"] == {"rows": 8, "identical": 8, "passed": True}
+    with pytest.raises(JobError, match="certify: .*unexpected keyword argument 'rows'"):
+        pair.certify(prompts, rows=4)

@@ -39,6 +39,24 @@ log = logging.getLogger(__name__)
 DEFAULT_GAMMA = 4
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """The decode a job that takes names runs (the Spec-Bench and certificate jobs' configs extend
+    it), as `Pair.generate` takes it: max_new_tokens, gamma (None: DEFAULT_GAMMA for a chain, the
+    depth for a tree), gamma_policy (a `decoding.GammaPolicy`; None: fixed), tree, acceptance,
+    temperature / top_k / top_p and the seed. Checked once, by `jobs.pairs.decode_configs`."""
+
+    max_new_tokens: int = 256
+    gamma: int | None = None
+    gamma_policy: Any = None
+    tree: Any = None
+    acceptance: str = "token"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
 @gin.configurable(module="speculative")
 @dataclasses.dataclass(frozen=True)
 class InferConfig:

@@ -110,6 +110,16 @@ def decode_arguments(
     return plain, speculative, jax.random.PRNGKey(seed)
 
 
+def decode_configs(
+    stops: tuple[int, ...], settings: job_config.DecodeSettings
+) -> tuple[decoding.DecodeConfig, decoding.DecodeConfig, jax.Array]:
+    """`decode_arguments` of a job config's `DecodeSettings`."""
+    return decode_arguments(
+        stops, settings.max_new_tokens, settings.gamma, settings.tree, settings.acceptance,
+        settings.temperature, settings.top_k, settings.top_p, settings.seed, settings.gamma_policy,
+    )  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadedPair:
     """A loaded target, an optional draft (None: plain decoding) and their vocabulary.

@@ -30,11 +30,13 @@ import numpy as np
 from speculative import vocab
 from speculative.data import inputs
 from speculative.errors import JobError, check_slot
+from speculative.jobs import config as job_config
 from speculative.jobs import pairs
+from speculative.jobs.certify.config import SamplePlan
 from speculative.jobs.certify.run import certify_pair
 from speculative.jobs.pairs import LoadedPair, decode_arguments, model_spec
 from speculative.loading import specs as ml
-from speculative.measure import certificate, metrics
+from speculative.measure import metrics
 from speculative.outputs import logs
 from speculative.vocab import chat
 
@@ -155,40 +157,29 @@ class Pair(LoadedPair):
             raise JobError(str(e), role="chat template") from None
         return self.decode_ids(ids, texts=texts, **options)
 
-    def certify(
-        self,
-        prompts: str | Sequence[str],
-        *,
-        rows_per_prompt: int = 4,
-        seeds: int = 4,
-        level: float = certificate.LEVEL,
-        max_deviation: float = certificate.MAX_DEVIATION,
-        control: bool = True,
-        max_new_tokens: int = 64,
-        gamma: int | None = None,
-        tree: Any = None,
-        acceptance: str = "token",
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-    ) -> dict[str, Any]:
+    def certify(self, prompts: str | Sequence[str], **options: Any) -> dict[str, Any]:
         """The exactness certificate of this pair's speculative decode with these settings
-        (`measure.certificate`, the `python -m speculative.certify` job's): each prompt
-        `rows_per_prompt` times in a batch, `seeds` batches, speculatively and plainly; every
-        emitted token scored by the target, teacher-forced, as the decoder processes it. Returns
-        the certificate: 'status' ('pass', 'fail', 'inconclusive'), 'reasons', and per program
-        the tests, p-values, sample sizes and power. Too few samples for the power, or no draft:
-        one-line `JobError` before anything is decoded. temperature 0: identity with plain."""
+        (`measure.certificate`, the `python -m speculative.certify` job's): the prompts sampled
+        speculatively and plainly, every emitted token scored by the target, teacher-forced, as
+        the decoder processes it. options: the sample and the tests (`SamplePlan`:
+        rows_per_prompt, seeds, level, max_deviation, control) and the decode
+        (`job_config.DecodeSettings`: max_new_tokens, gamma, tree, acceptance, temperature, top_k,
+        top_p, seed, gamma_policy; T = 1 and 64 tokens unless given). Returns the certificate:
+        'status' ('pass', 'fail', 'inconclusive'), 'reasons', and per program the tests,
+        p-values, sample sizes and power. An unknown option, too few samples for the power, or
+        no draft: one-line `JobError` before anything is decoded. T = 0: identity with plain."""
+        planned = {f.name for f in dataclasses.fields(SamplePlan)}
+        try:
+            plan = SamplePlan(**{k: v for k, v in options.items() if k in planned})
+            settings = job_config.DecodeSettings(
+                **{"max_new_tokens": 64, "temperature": 1.0}
+                | {k: v for k, v in options.items() if k not in planned}
+            )
+        except TypeError as e:  # an option neither takes
+            raise JobError(f"certify: {e}") from None
         texts, ids = self.tokenized(prompts)
-        stops = vocab.stop_ids(self.vocabulary)
-        plain, drafting, _ = decode_arguments(
-            stops, max_new_tokens, gamma, tree, acceptance, temperature, top_k, top_p, seed
-        )
-        return certify_pair(
-            self, ids, texts, plain, drafting, rows_per_prompt=rows_per_prompt, seeds=seeds,
-            seed=seed, level=level, max_deviation=max_deviation, control=control,
-        )  # fmt: skip
+        plain, drafting, _ = pairs.decode_configs(vocab.stop_ids(self.vocabulary), settings)
+        return certify_pair(self, ids, texts, plain, drafting, plan, settings.seed)
 
     def decode_ids(
         self,

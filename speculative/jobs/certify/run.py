@@ -22,7 +22,7 @@ from speculative import decoding, vocab
 from speculative.data import inputs, spec_bench
 from speculative.errors import JobError
 from speculative.jobs import pairs
-from speculative.jobs.certify.config import CertifyConfig
+from speculative.jobs.certify.config import CertifyConfig, SamplePlan
 from speculative.loading import specs as ml
 from speculative.measure import certificate
 from speculative.outputs import provenance
@@ -38,20 +38,16 @@ def certify_pair(
     texts: Sequence[str] | None,
     plain: decoding.DecodeConfig,
     drafting: decoding.DecodeConfig,
-    *,
-    rows_per_prompt: int = 4,
-    seeds: int = 4,
+    plan: SamplePlan,
     seed: int = 0,
-    level: float = certificate.LEVEL,
-    max_deviation: float = certificate.MAX_DEVIATION,
-    control: bool = True,
 ) -> dict[str, Any]:
     """The certificate of `pair`'s speculative decode by `drafting` (its sampling; plain decoding
-    by `plain` the control): each prompt `rows_per_prompt` times in one batch, `seeds` batches.
+    by `plain` the control), sampled and tested by `plan`.
     Raises JobError before decoding when the plan cannot reach the power (`check_power`)."""
     if pair.draft is None:
         raise JobError("a certificate needs a draft: there is no speculative decode to certify")
-    check_plan(len(ids), rows_per_prompt, seeds, drafting, level, max_deviation)
+    check_plan(len(ids), plan, drafting)
+    rows_per_prompt = plan.rows_per_prompt
     sampling = drafting.sampling
     repeated = [list(p) for p in ids for _ in range(rows_per_prompt)]
     repeated_texts = None if texts is None else [t for t in texts for _ in range(rows_per_prompt)]
@@ -76,10 +72,10 @@ def certify_pair(
         )
 
     found = certificate.certify(
-        decode, scorer, sampling, list(range(seeds)), level=level,
-        max_deviation=max_deviation, control=control,
+        decode, scorer, sampling, list(range(plan.seeds)), level=plan.level,
+        max_deviation=plan.max_deviation, control=plan.control,
     )  # fmt: skip
-    plan = {"prompts": len(ids), "rows": len(repeated), "seeds": seeds, "seed": seed}
+    sizes = {"prompts": len(ids), "rows": len(repeated), "seeds": plan.seeds, "seed": seed}
     decode_record = {
         "draft": pair.draft.description,
         "gamma": drafting.gamma,
@@ -91,28 +87,22 @@ def certify_pair(
         **found,
         "sampling": dataclasses.asdict(sampling),
         "decode": decode_record,
-        "plan": plan,
+        "plan": sizes,
     }
 
 
-def check_plan(
-    prompts: int,
-    rows_per_prompt: Any,
-    seeds: Any,
-    drafting: decoding.DecodeConfig,
-    level: Any,
-    max_deviation: Any,
-) -> None:
+def check_plan(prompts: int, plan: SamplePlan, drafting: decoding.DecodeConfig) -> None:
     """The sample plan refused in one line: counts that are not positive integers, or (sampled
     decoding) too few tokens at most to reach the power (`certificate.check_power`)."""
-    for name, value in (("rows_per_prompt", rows_per_prompt), ("seeds", seeds)):
+    for name in ("rows_per_prompt", "seeds"):
+        value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise JobError(f"{name} must be a positive integer, got {value!r}")
     if drafting.sampling.greedy:
         return
     try:
-        planned = prompts * rows_per_prompt * seeds * drafting.max_decode_len
-        certificate.check_power(planned, level, max_deviation)
+        planned = prompts * plan.rows_per_prompt * plan.seeds * drafting.max_decode_len
+        certificate.check_power(planned, plan.level, plan.max_deviation)
     except (ValueError, TypeError) as e:
         raise JobError(str(e)) from None
 
@@ -162,11 +152,8 @@ def prepare(cfg: CertifyConfig) -> Prepared:
     vocabulary = ml.load_vocabulary(cfg.vocabulary or pairs.vocab_spec(target), "vocabulary")
     ids, texts = prompts_of(cfg, vocabulary)
     stops = vocab.stop_ids(vocabulary)
-    plain, drafting, _ = pairs.decode_arguments(
-        stops, cfg.max_new_tokens, cfg.gamma, cfg.tree, cfg.acceptance, cfg.temperature,
-        cfg.top_k, cfg.top_p, cfg.seed, cfg.gamma_policy,
-    )  # fmt: skip
-    check_plan(len(ids), cfg.rows_per_prompt, cfg.seeds, drafting, cfg.level, cfg.max_deviation)
+    plain, drafting, _ = pairs.decode_configs(stops, cfg)
+    check_plan(len(ids), cfg, drafting)
     return Prepared(ids, texts, vocabulary, plain, drafting)
 
 
@@ -190,10 +177,8 @@ def certify_loaded(
     start = time.perf_counter()
     with hold_output_dir(cfg.output_dir) as out:
         found = certify_pair(
-            pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative,
-            rows_per_prompt=cfg.rows_per_prompt, seeds=cfg.seeds, seed=cfg.seed,
-            level=cfg.level, max_deviation=cfg.max_deviation, control=cfg.control,
-        )  # fmt: skip
+            pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative, cfg, cfg.seed
+        )
         result = {
             **found,
             "seconds": time.perf_counter() - start,

@@ -10,12 +10,12 @@ from typing import Any
 import gin
 
 from speculative.data import spec_bench
-from speculative.jobs import config as job_config  # noqa: F401 - registers ModelSpec, VocabSpec, ...
+from speculative.jobs import config as job_config  # registers ModelSpec, VocabSpec, ...
 
 
 @gin.configurable(module="speculative")
 @dataclasses.dataclass(frozen=True)
-class SpecBenchConfig:
+class SpecBenchConfig(job_config.DecodeSettings):
     """What the Spec-Bench job asks, of which models, and how.
 
     questions: a Spec-Bench question.jsonl (question_id, category, turns).
@@ -44,14 +44,5 @@ class SpecBenchConfig:
     per_mt_bench_category: int | None = None
     chat_template: str | None = None
     system: str | None = None
-    max_new_tokens: int = 256
-    gamma: int | None = None
-    gamma_policy: Any = None
-    tree: Any = None
-    acceptance: str = "token"
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
     plain: bool = True
     width_multiple: int = 128

@@ -75,10 +75,7 @@ def prepare(cfg: SpecBenchConfig) -> Prepared:
     except ValueError as e:
         raise JobError(str(e), role="chat template") from None
     stops = vocab.stop_ids(vocabulary)
-    plain, drafting, _ = pairs.decode_arguments(
-        stops, cfg.max_new_tokens, cfg.gamma, cfg.tree, cfg.acceptance, cfg.temperature,
-        cfg.top_k, cfg.top_p, cfg.seed, cfg.gamma_policy,
-    )  # fmt: skip
+    plain, drafting, _ = pairs.decode_configs(stops, cfg)
     return Prepared(chosen, vocabulary, template, stops, plain, drafting, cfg.seed)
 
 
