@@ -1,0 +1,41 @@
+"""docs/exactness.md's tables are what `scripts/certificates_report.py` generates from the
+committed certificate files (benchmarks/certificates/): a figure edited by hand, or a
+certificate added without regenerating the page, fails here. Each committed certificate passed,
+from a clean commit, and says where it ran. Pure Python on files in the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CERTIFICATES = ROOT / "benchmarks/certificates"
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts/certificates_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_tables_are_generated_from_the_committed_certificates():
+    page = (ROOT / "docs/exactness.md").read_text()
+    assert _report().table(CERTIFICATES) in page, "docs/exactness.md: regenerate the table"
+    for path in sorted(CERTIFICATES.glob("mutants*.json")):
+        table = _report().mutants_table(path)
+        assert table in page, f"docs/exactness.md lacks the table of {path.name}; regenerate it"
+
+
+def test_each_certificate_passed_from_a_clean_commit_and_says_where():
+    paths = sorted(CERTIFICATES.glob("*/certificate.json"))
+    assert paths
+    for path in paths:
+        found = json.loads(path.read_text())
+        assert found["status"] == "pass", path
+        assert found["provenance"]["git_commit"] and found["provenance"]["git_dirty"] is False
+        assert found["environment"]["cpu"] and found["environment"]["jax"]
+    for path in sorted(CERTIFICATES.glob("mutants*.json")):
+        record = json.loads(path.read_text())
+        assert record["provenance"]["git_dirty"] is False and record["environment"]["cpu"]
