@@ -45,6 +45,7 @@ setup(
         "optax>=0.2.2",
         "gin-config>=0.5.0",
         "numpy>=1.26",
+        "scipy>=1.11",  # the exactness certificate's tests (measure/certificate.py); jax needs it too
         "msgpack>=1.0",
         "tensorstore>=0.1.60",
         "safetensors>=0.4",
