@@ -266,7 +266,9 @@ def test_the_notebook_certifies_with_the_jobs_code():
         )  # fmt: skip
         return ml.ModelSpec("random", model=decoder.DecoderLM(config), seed=layers)
 
-    pair = speculative.load_pair(tiny(2), tiny(1), vocabulary=speculative.VocabSpec("byte", extra_ids=0))
+    pair = speculative.load_pair(
+        tiny(2), tiny(1), vocabulary=speculative.VocabSpec("byte", extra_ids=0)
+    )
     prompts = ["def add(a, b):", "x = 1; y"]
     found = pair.certify(prompts, rows_per_prompt=4, seeds=2, max_new_tokens=32, max_deviation=0.2)
     assert found["status"] == "pass" and found["plan"]["rows"] == 8
