@@ -503,3 +503,15 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNIN
 def without_log_lines(text: str) -> str:
     """stderr without the jobs' log lines: what a job printed there itself (its error line)."""
     return "".join(line for line in text.splitlines(True) if not LOG_LINE.match(line))
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package): its functions for a test."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,19 +5,17 @@ from a clean commit, and says where it ran. Pure Python on files in the reposito
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CERTIFICATES = ROOT / "benchmarks/certificates"
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts/certificates_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script("certificates_report")
 
 
 def test_docs_tables_are_generated_from_the_committed_certificates():

@@ -4,9 +4,10 @@ page, fails here. Pure Python on files in the repository."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNS = ["benchmarks/spec_bench_qwen_cpu"]
@@ -14,10 +15,7 @@ COSTS = ROOT / "benchmarks/spec_bench_costs/costs.json"
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts/spec_bench_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script("spec_bench_report")
 
 
 def test_docs_tables_are_generated_from_the_committed_runs():
