@@ -67,6 +67,7 @@ def _draws(probs: np.ndarray, sampled_from: np.ndarray, seed: int) -> certificat
     return certificate.Scores(
         below=np.sum(np.where(ahead, probs, 0.0), axis=1),
         p=p_x,
+        top=probs.max(axis=1),
         stop_mass=probs[:, -1],
         is_stop=tokens == probs.shape[1] - 1,
         index=np.zeros(len(probs), np.int64),
@@ -122,6 +123,77 @@ def test_caught_at_reports_the_first_failing_prefix():
     assert certificate.caught_at(_draws(p, p, seed=5)) is None
     n = certificate.caught_at(_draws(p, flat, seed=5))
     assert n is not None and n <= 1024
+
+
+def _with_point_masses(scores: certificate.Scores, every: int) -> certificate.Scores:
+    """`scores` with a point-mass position (one token of probability 1, emitted) inserted before
+    every `every`-th: the positions top-p leaves a single token at low temperature."""
+    n = scores.size
+    at = np.arange(0, n, every)
+    fill = {"below": 0.0, "p": 1.0, "top": 1.0, "stop_mass": 0.0, "is_stop": False, "index": 0}
+    return certificate.Scores(**{
+        name: np.insert(getattr(scores, name), at, value) for name, value in fill.items()
+    })  # fmt: skip
+
+
+def test_point_masses_are_left_out_of_uniformity_and_of_the_power():
+    """Positions whose distribution is one token carry only the PIT noise: they are not tested
+    and not counted towards the power, and a bias among the others is found as well as without
+    them (the same u; mixing in noise would have diluted it)."""
+    p = _random_distributions(1500, 12, seed=6)
+    flat = p**0.8 / np.sum(p**0.8, axis=1, keepdims=True)
+    biased = _draws(p, flat, seed=7)
+    padded = _with_point_masses(biased, every=1)  # half the positions point masses
+    assert padded.size == 3000 and int(padded.informative.sum()) == 1500
+    alone, mixed = certificate.tests(biased, seed=3), certificate.tests(padded, seed=3)
+    assert mixed["informative"] == alone["informative"] == mixed["uniformity"]["n"] == 1500
+    assert mixed["tokens"] == 3000
+    assert mixed["uniformity"]["detectable_deviation"] == certificate.detectable_deviation(1500)
+    assert not alone["uniformity"]["passed"] and not mixed["uniformity"]["passed"]
+    # Tested over every position (the old rule), the same biased draws pass: the noise hides them.
+    noise = np.random.default_rng(3).uniform(size=padded.size)
+    every_u = np.clip(padded.below + noise * padded.p, 0.0, 1.0)
+    assert certificate.uniformity(every_u)["pvalue"] > 100 * mixed["uniformity"]["pvalue"]
+
+
+def test_the_pit_noise_is_seeded_per_run_and_per_program():
+    """`certify` draws each program's noise from (noise_seed, its index): the control's u are not
+    the speculative program's on the same tokens, and another seed draws other noise. Scored
+    here on point-mass-free draws so the u differ only by their noise."""
+    p = _random_distributions(500, 12, seed=8)
+    scores = _draws(p, p, seed=9)
+    kept: dict[str, certificate.Scores] = {}
+    found = {}
+    for seed in (0, 1):
+        found[seed] = certificate.certify(
+            lambda speculative, s: (np.zeros((1, 1)), np.ones(1)), lambda t, n: scores,
+            sampling.SamplingConfig(temperature=1.0), [0], max_deviation=0.2, noise_seed=seed,
+            keep=kept.__setitem__,
+        )  # fmt: skip
+    assert set(kept) == {"speculative", "plain"}
+    np.testing.assert_array_equal(kept["plain"].below, scores.below)
+    hist = {
+        (seed, name): found[seed][name]["uniformity"]["histogram"]
+        for seed in (0, 1)
+        for name in ("speculative", "plain")
+    }
+    assert len({tuple(h) for h in hist.values()}) == 4
+    np.testing.assert_array_equal(
+        certificate.pit(scores, (0, 1)), certificate.pit(scores, (0, 1))
+    )  # and the same seed, the same u
+
+
+def test_scores_round_trip_through_json():
+    p = _random_distributions(50, 6, seed=10)
+    scores = _with_point_masses(_draws(p, p, seed=11), every=5)
+    back = certificate.Scores.from_json(json.loads(json.dumps(scores.to_json())))
+    for name in ("below", "p", "top", "stop_mass"):
+        np.testing.assert_allclose(getattr(back, name), getattr(scores, name), rtol=1e-6)
+    np.testing.assert_array_equal(back.is_stop, scores.is_stop)
+    np.testing.assert_array_equal(back.index, scores.index)
+    again, first = certificate.tests(back, seed=(0, 0)), certificate.tests(scores, seed=(0, 0))
+    assert again["uniformity"]["pvalue"] == pytest.approx(first["uniformity"]["pvalue"], rel=1e-6)
+    assert again["stops"]["z"] == pytest.approx(first["stops"]["z"], rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,6 +287,11 @@ def test_the_command_writes_a_certificate_and_exits_by_its_status(tmp_path, caps
     assert {"git_commit", "git_dirty", "gin_config"} <= set(found["provenance"])
     assert {"jax", "cpu", "argv"} <= set(found["environment"])
     assert "certificate pass" in capsys.readouterr().out
+    # Every scored token is kept: the tests re-run on them give the certificate's numbers.
+    kept = json.loads((out / "scores.json").read_text())
+    for index, name in enumerate(("speculative", "plain")):
+        retested = certificate.tests(certificate.Scores.from_json(kept[name]), seed=(0, index))
+        assert retested["uniformity"] == found[name]["uniformity"]
     # A plan without power: exit 2 and one line, before any model is built.
     assert certify.cli([*argv, "--gin.MAX_DEVIATION=0.01"]) == 2
     assert capsys.readouterr().err == (

@@ -10,7 +10,13 @@ draw from p_t given everything before it, so the randomized probability integral
 
 is Uniform(0, 1) and independent across tokens, whatever the model. Tokens rank by p_t descending
 (ties by id): any order fixed by the prefix would do, this one moves u towards 0 for a sampler
-sharper than p_t and towards 1 for a flatter one. Tested by Kolmogorov-Smirnov.
+sharper than p_t and towards 1 for a flatter one. Tested by Kolmogorov-Smirnov, over the
+informative positions only: where p_t is a point mass (its top token holds at least POINT_MASS,
+common under top-k / top-p at low temperature) u_t is U_t alone, noise that says nothing about the
+decoder and dilutes the test. Whether a position is a point mass depends on p_t, fixed before x_t
+is drawn, so the informative u_t stay independent uniforms. The noise U comes from a seed per run
+and per program (`certify`'s noise_seed): a fixed stream shared by every certificate made their
+verdicts move together (docs/exactness.md, "A false alarm, explained").
 
 Stop tokens get a test of their own, since where rows end is what a length bias shows:
 sum_t (1[x_t is a stop] - p_t(stops)) is a martingale of mean 0 and variance
@@ -48,6 +54,7 @@ from speculative.decoding.state import teacher_forced_logits
 LEVEL = 1e-3  # each test's false-alarm rate
 MAX_DEVIATION = 0.05  # the KS deviation a certificate must see with probability 0.9
 OUTSIDE_SHARE = 1e-3  # tokens outside the scorer's support allowed, as a share
+POINT_MASS = 1.0 - 1e-6  # a position whose top token holds this much carries no information
 _Z_POWER = float(stats.norm.ppf(0.9))  # 1.2816
 _SD_BOUND = 0.5  # largest standard deviation of an empirical CDF value, per sqrt(n)
 
@@ -57,12 +64,14 @@ class Scores:
     """The target's teacher-forced view of emitted tokens, N of them (rows concatenated, in order).
 
     below: [N] mass of the tokens ranked before each (by probability descending, ties by id);
-    p: [N] its probability; stop_mass: [N] the stop tokens' probability there; is_stop: [N] bool;
-    index: [N] its position in its row (0 = the first generated token).
+    p: [N] its probability; top: [N] the largest probability there; stop_mass: [N] the stop
+    tokens' probability there; is_stop: [N] bool; index: [N] its position in its row (0 = the
+    first generated token).
     """
 
     below: np.ndarray
     p: np.ndarray
+    top: np.ndarray
     stop_mass: np.ndarray
     is_stop: np.ndarray
     index: np.ndarray
@@ -70,6 +79,34 @@ class Scores:
     @property
     def size(self) -> int:
         return len(self.p)
+
+    @property
+    def informative(self) -> np.ndarray:
+        """[N] bool: positions whose distribution is not a point mass (module docstring)."""
+        return self.top < POINT_MASS
+
+    def to_json(self) -> dict[str, list]:
+        """Plain lists (floats to float32's precision), to keep beside a certificate."""
+        out: dict[str, list] = {}
+        for f in dataclasses.fields(self):
+            values = getattr(self, f.name)
+            if values.dtype.kind == "f":
+                out[f.name] = [float(f"{v:.9g}") for v in values.tolist()]
+            else:
+                out[f.name] = values.tolist()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, list]) -> Scores:
+        """`to_json`'s lists back; the floats through float32, as `score` computed them (so a
+        re-test gives the certificate's numbers bit for bit)."""
+        kinds = {"is_stop": bool, "index": np.int64}
+        return cls(**{
+            f.name: np.asarray(data[f.name], kinds.get(f.name, np.float32)).astype(
+                kinds.get(f.name, np.float64)
+            )
+            for f in dataclasses.fields(cls)
+        })  # fmt: skip
 
     @classmethod
     def concat(cls, parts: Sequence[Scores]) -> Scores:
@@ -83,7 +120,7 @@ class Scores:
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def _score_rows(model, params, batch, tokens, sampling: SamplingConfig, stops: tuple[int, ...]):
-    """[b, T] tokens -> (below, p, stop_mass), each [b, T] float32 (module docstring)."""
+    """[b, T] tokens -> (below, p, top, stop_mass), each [b, T] float32 (module docstring)."""
     logits = teacher_forced_logits(model, params, batch, tokens)  # [b, T, V]
     probs = jnp.exp(sampling_lib.process_logits(logits, sampling))
     tokens = tokens.astype(jnp.int32)[..., None]
@@ -92,7 +129,7 @@ def _score_rows(model, params, batch, tokens, sampling: SamplingConfig, stops: t
     ahead = (probs > p_x) | ((probs == p_x) & (ids < tokens))
     below = jnp.sum(jnp.where(ahead, probs, 0.0), axis=-1)
     stop_mass = jnp.sum(probs[..., jnp.asarray(stops, jnp.int32)], axis=-1)
-    return below, p_x[..., 0], stop_mass
+    return below, p_x[..., 0], jnp.max(probs, axis=-1), stop_mass
 
 
 def score(
@@ -116,11 +153,12 @@ def score(
         part = _score_rows(model, params, rows, jnp.asarray(tokens[start : start + chunk]),
                            sampling, tuple(int(s) for s in stops))  # fmt: skip
         parts.append([np.asarray(a) for a in part])
-    below, p, stop_mass = (np.concatenate(a) for a in zip(*parts, strict=True))
+    below, p, top, stop_mass = (np.concatenate(a) for a in zip(*parts, strict=True))
     counted = np.arange(tokens.shape[1])[None, :] < np.asarray(lengths)[:, None]
     return Scores(
         below=below[counted].astype(np.float64),
         p=p[counted].astype(np.float64),
+        top=top[counted].astype(np.float64),
         stop_mass=stop_mass[counted].astype(np.float64),
         is_stop=np.isin(np.asarray(tokens)[counted], np.asarray(stops)),
         index=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)[counted],
@@ -154,10 +192,15 @@ def check_power(planned: int, level: float = LEVEL, max_deviation: float = MAX_D
         )
 
 
-def pit(scores: Scores, seed: int = 0) -> np.ndarray:
-    """[N] the randomized probability integral transform u (module docstring)."""
+Seed = int | Sequence[int]  # numpy's default_rng seed: an int or a sequence of ints
+
+
+def pit(scores: Scores, seed: Seed = 0) -> np.ndarray:
+    """[n] the randomized probability integral transform u (module docstring) at the informative
+    positions, in order."""
     noise = np.random.default_rng(seed).uniform(size=scores.size)
-    return np.clip(scores.below + noise * scores.p, 0.0, 1.0)
+    u = np.clip(scores.below + noise * scores.p, 0.0, 1.0)
+    return u[scores.informative]
 
 
 def uniformity(u: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
@@ -195,7 +238,7 @@ def outside_support(scores: Scores) -> dict[str, Any]:
     return {"count": count, "share": share, "passed": share <= OUTSIDE_SHARE}
 
 
-def tests(scores: Scores, level: float = LEVEL, seed: int = 0) -> dict[str, Any]:
+def tests(scores: Scores, level: float = LEVEL, seed: Seed = 0) -> dict[str, Any]:
     """Every test of one program's scored tokens, and whether all passed."""
     found = {
         "uniformity": uniformity(pit(scores, seed), level),
@@ -205,12 +248,18 @@ def tests(scores: Scores, level: float = LEVEL, seed: int = 0) -> dict[str, Any]
     passed = all(t["passed"] for t in found.values())
     # the first n (doubling) at which uniformity fails: how soon a broken decode is caught
     first_failing = None if found["uniformity"]["passed"] else caught_at(scores, level, seed)
-    return {"tokens": scores.size, **found, "caught_at": first_failing, "passed": passed}
+    return {
+        "tokens": scores.size,
+        "informative": int(np.sum(scores.informative)),
+        **found,
+        "caught_at": first_failing,
+        "passed": passed,
+    }
 
 
-def caught_at(scores: Scores, level: float = LEVEL, seed: int = 0, start: int = 64) -> int | None:
-    """The fewest tokens (the first n, n doubling from `start`) at which the uniformity test fails;
-    None if it passes on all of them: the sample size at which a broken rule is caught."""
+def caught_at(scores: Scores, level: float = LEVEL, seed: Seed = 0, start: int = 64) -> int | None:
+    """The fewest informative tokens (the first n, n doubling from `start`) at which the uniformity
+    test fails; None if it passes on all of them: the sample size at which a broken rule is caught."""
     u = pit(scores, seed)
     n = start
     while True:
@@ -237,17 +286,23 @@ def certify(
     level: float = LEVEL,
     max_deviation: float = MAX_DEVIATION,
     control: bool = True,
+    noise_seed: int = 0,
+    keep: Callable[[str, Scores], None] | None = None,
 ) -> dict[str, Any]:
     """The certificate of a speculative decode: run it (and plain decoding, the control) once per
     seed, score every emitted token, test. status: 'pass', 'fail' (a test failed: the reasons
-    say which) or 'inconclusive' (every test passed on fewer tokens than the power needs)."""
+    say which) or 'inconclusive' (every test passed on fewer informative tokens than the power
+    needs). Each program's PIT noise is seeded by (noise_seed, its index): a run with another seed
+    draws fresh noise. `keep(name, scores)` receives each program's scores (to save them)."""
     if sampling.greedy:
         return _greedy_identity(decode, seeds)
     programs = {"speculative": True, **({"plain": False} if control else {})}
     found: dict[str, Any] = {}
-    for name, speculative in programs.items():
+    for index, (name, speculative) in enumerate(programs.items()):
         scored = Scores.concat([scorer(*decode(speculative, seed)) for seed in seeds])
-        found[name] = tests(scored, level, seed=seeds[0])
+        if keep is not None:
+            keep(name, scored)
+        found[name] = tests(scored, level, seed=(noise_seed, index))
     need = required_tokens(level, max_deviation)
     reasons = [
         f"{name}: {test} failed"
@@ -255,10 +310,11 @@ def certify(
         for test in ("uniformity", "stops", "outside_support")
         if not result[test]["passed"]
     ]
-    short = found["speculative"]["tokens"] < need
+    informative = found["speculative"]["informative"]
+    short = informative < need
     status = "fail" if reasons else ("inconclusive" if short else "pass")
     if short and not reasons:
-        reasons = [f"{found['speculative']['tokens']} tokens scored, {need} needed for the power"]
+        reasons = [f"{informative} informative tokens scored, {need} needed for the power"]
     return {
         "status": status,
         "reasons": reasons,

@@ -57,7 +57,11 @@ def mean_logprob(target: ml.Loaded, batches: Sequence[dict[str, jax.Array]], tim
 
 
 def certify_outputs(
-    setup: Setup, batches: Sequence[dict[str, jax.Array]], timed: Timed, sampling: Any
+    setup: Setup,
+    batches: Sequence[dict[str, jax.Array]],
+    timed: Timed,
+    sampling: Any,
+    noise_seed: certificate.Seed = 0,
 ) -> dict[str, Any]:
     """The exactness certificate's tests (`measure.certificate.tests`) of one program's outputs at
     T > 0: every emitted token scored by the target, teacher-forced, as the decoder processed it."""
@@ -67,7 +71,7 @@ def certify_outputs(
                           np.asarray(out.lengths), sampling, setup.stop_ids)
         for batch, out in zip(batches, timed.outputs, strict=True)
     ])  # fmt: skip
-    return certificate.tests(scores)
+    return certificate.tests(scores, seed=noise_seed)
 
 
 def cell_certificates(
@@ -75,20 +79,22 @@ def cell_certificates(
     batches: Sequence[dict[str, jax.Array]],
     timed: Mapping[Hashable, Timed],
     sampling: Any,
+    cell_seed: Sequence[int] = (),
 ) -> dict[str, Any]:
     """`certify_outputs` of every program of a cell that has outputs, by name ('plain', '<variant>
-    gamma <g>'), each logged in one line."""
+    gamma <g>'), each logged in one line; each program's PIT noise seeded by (cell_seed, its
+    index), so no two programs or cells share it."""
     certificates = {
         k if isinstance(k, str) else f"{k[0]} gamma {k[1]}": certify_outputs(
-            setup, batches, t, sampling
+            setup, batches, t, sampling, (*cell_seed, index)
         )
-        for k, t in timed.items()
+        for index, (k, t) in enumerate(timed.items())
         if t.outputs
     }
     for name, found in certificates.items():
         log.info(
             f"certificate {name}: {'pass' if found['passed'] else 'FAIL'}, {found['tokens']} "
-            f"tokens, KS p {found['uniformity']['pvalue']:.3g} (sees "
+            f"tokens ({found['informative']} informative), KS p {found['uniformity']['pvalue']:.3g} (sees "
             f"{found['uniformity']['detectable_deviation']:.3f}), stops z {found['stops']['z']:+.2f}"
         )
     return certificates
@@ -187,7 +193,8 @@ def measure_cell(
         }
     certificates = {}
     if s.sweep.certify_outputs and not sampling.greedy:  # untimed, as the scores
-        certificates = cell_certificates(setup, batches, timed, sampling)
+        cell_seed = (len(inputs.input_tokens(batches[0])), round(1000 * temperature))
+        certificates = cell_certificates(setup, batches, timed, sampling, cell_seed)
     points = cell_points(timed, setup, s, variants, costs, sampling.greedy, logprobs)
     summaries = {v.name: variant_summary(v, points, timed) for v in variants}
     first = summaries[variants[0].name]

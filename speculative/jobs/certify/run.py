@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gin
@@ -40,9 +40,11 @@ def certify_pair(
     drafting: decoding.DecodeConfig,
     plan: SamplePlan,
     seed: int = 0,
+    keep: Callable[[str, certificate.Scores], None] | None = None,
 ) -> dict[str, Any]:
     """The certificate of `pair`'s speculative decode by `drafting` (its sampling; plain decoding
-    by `plain` the control), sampled and tested by `plan`.
+    by `plain` the control), sampled and tested by `plan`; `seed` keys the decodes and the PIT
+    noise, `keep` receives each program's scores (`certificate.certify`).
     Raises JobError before decoding when the plan cannot reach the power (`check_power`)."""
     if pair.draft is None:
         raise JobError("a certificate needs a draft: there is no speculative decode to certify")
@@ -73,7 +75,7 @@ def certify_pair(
 
     found = certificate.certify(
         decode, scorer, sampling, list(range(plan.seeds)), level=plan.level,
-        max_deviation=plan.max_deviation, control=plan.control,
+        max_deviation=plan.max_deviation, control=plan.control, noise_seed=seed, keep=keep,
     )  # fmt: skip
     sizes = {"prompts": len(ids), "rows": len(repeated), "seeds": plan.seeds, "seed": seed}
     decode_record = {
@@ -172,13 +174,17 @@ def certify_loaded(
     cfg: CertifyConfig, prepared: Prepared, pair: pairs.LoadedPair, code: dict[str, Any]
 ) -> dict[str, Any]:
     """`certify_pair` of a loaded pair by `cfg`'s settings, written to OUTPUT_DIR/certificate.json
-    with the settings, provenance (`code`: the git state the run started from) and environment.
+    with the settings, provenance (`code`: the git state the run started from) and environment,
+    and every scored token to OUTPUT_DIR/scores.json (`certificate.Scores.to_json` by program), so
+    the tests can be re-run on them without decoding again.
     A sweep of decodes of one pair (scripts/certify_sweep.py) loads it once and calls this."""
     start = time.perf_counter()
+    scores: dict[str, certificate.Scores] = {}
     with hold_output_dir(cfg.output_dir) as out:
         found = certify_pair(
-            pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative, cfg, cfg.seed
-        )
+            pair, prepared.ids, prepared.texts, prepared.plain, prepared.speculative, cfg,
+            cfg.seed, keep=scores.__setitem__,
+        )  # fmt: skip
         result = {
             **found,
             "seconds": time.perf_counter() - start,
@@ -187,6 +193,9 @@ def certify_loaded(
             "environment": provenance.environment(),
         }
         out.write_text("certificate.json", json.dumps(result, indent=2))
+        if scores:
+            kept = {name: s.to_json() for name, s in scores.items()}
+            out.write_text("scores.json", json.dumps(kept, separators=(",", ":")))
     print(summary_line(result))
     return result
 
@@ -201,7 +210,7 @@ def summary_line(result: dict[str, Any]) -> str:
         if name in result:
             r = result[name]
             parts.append(
-                f"{name}: {r['tokens']} tokens, KS p {r['uniformity']['pvalue']:.3g} "
+                f"{name}: {r['tokens']} tokens ({r['informative']} informative), KS p {r['uniformity']['pvalue']:.3g} "
                 f"(sees {r['uniformity']['detectable_deviation']:.3f}), stops z "
                 f"{r['stops']['z']:+.2f}, outside support {r['outside_support']['count']}"
             )
