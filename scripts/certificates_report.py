@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """docs/exactness.md's tables from the certificate files: one row per certificate (the decode,
-its sampling, tokens scored, the uniformity test with the deviation it could see, the stop-token
+its sampling, tokens scored (and the informative ones the uniformity test counts), the uniformity test with the deviation it could see, the stop-token
 balance, tokens outside the support, the status, and the plain control where the run had one),
 and one row per broken decoder of `scripts/certify_mutants.py` (when its uniformity failed).
 
@@ -73,17 +73,24 @@ def sampling_label(sampling: dict) -> str:
 
 def _tests(program: dict) -> str:
     u, stops = program["uniformity"], program["stops"]
+    tokens = f"{program['tokens']}"
+    if "informative" in program:  # certificates from before it test every position
+        tokens += f" ({program['informative']})"
     return (
-        f"{program['tokens']} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
+        f"{tokens} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
         f"{u['detectable_deviation']:.3f} | {stops['emitted']} / {stops['expected']:.1f} | "
         f"{stops['z']:+.2f} | ±{stops['detectable_excess']:.0f} | {program['outside_support']['count']}"
     )
 
 
+def _informative(program: dict) -> str:
+    return f" ({program['informative']} informative)" if "informative" in program else ""
+
+
 def table(root: pathlib.Path) -> str:
     """One row per `<root>/<name>/certificate.json`, sorted by name."""
     lines = [
-        "| certificate | decode | sampling | tokens | KS D | KS p | sees D | stops: seen / expected "
+        "| certificate | decode | sampling | tokens (informative) | KS D | KS p | sees D | stops: seen / expected "
         "| stops z | sees stops | outside support | status | plain control |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
@@ -93,7 +100,7 @@ def table(root: pathlib.Path) -> str:
         control_cell = (
             "none in this run (the chain's at this sampling has one)"
             if control is None
-            else f"{control['tokens']} tokens, KS p {control['uniformity']['pvalue']:.2f}, "
+            else f"{control['tokens']} tokens{_informative(control)}, KS p {control['uniformity']['pvalue']:.2f}, "
             f"stops z {control['stops']['z']:+.2f}, {'pass' if control['passed'] else 'FAIL'}"
         )
         lines.append(

@@ -260,32 +260,6 @@ def test_every_module_lives_in_a_listed_folder():
     assert misplaced() == []
 
 
-def old_names() -> list[str]:
-    """Imports, in the package, tests and scripts, of a module by the name it had before it moved
-    into a folder (speculative.MOVED keeps those names working for outside code only)."""
-    import speculative
-
-    found = []
-    for path in sorted(
-        [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").glob("*.py")]
-    ):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "speculative" and len(parts) > 1 and parts[1] in speculative.MOVED:
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
-    return found
-
-
-def test_no_old_module_names_inside_the_repository():
-    assert old_names() == []
-
-
 def folder_of(module: str) -> str:
     """The folder a module lives in, for the folder-level graph ('speculative' for top level)."""
     parts = module.split(".")

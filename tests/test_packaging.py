@@ -129,30 +129,6 @@ def test_top_level_names_are_lazy_and_real():
         speculative.nope  # noqa: B018
 
 
-def test_old_module_names_import_the_moved_modules():
-    """Modules moved into folders (issue 43) still import by their old names, as the same module
-    objects, and asking for none of them imports nothing."""
-    code = (
-        "import sys, importlib, speculative\n"
-        "assert {m for m in sys.modules if m.startswith('speculative.')} == {'speculative.version'}\n"
-        "for old, new in speculative.MOVED.items():\n"
-        "    if old == 'seqio_tasks': continue  # needs seqio\n"
-        "    m = importlib.import_module('speculative.' + old)\n"
-        "    assert m is importlib.import_module(new) and m.__name__ == new, old\n"
-        "    assert m.__spec__.name == new, old\n"
-        "import speculative.sampling as s\n"
-        "from speculative import model_loading, pipeline, inputs, partitioning\n"
-        "from speculative.sampling import SamplingConfig\n"
-        "assert SamplingConfig is speculative.SamplingConfig is s.SamplingConfig\n"
-        "assert pipeline.load_pair is speculative.load_pair\n"
-        "assert model_loading.DraftSpec is speculative.DraftSpec\n"
-        "print('ok')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.stdout.strip() == "ok", done.stderr[-2000:]
-    assert all(new.startswith("speculative.") for new in __import__("speculative").MOVED.values())
-
-
 def test_demo_shows_whole_lines_and_no_ansi_codes_in_a_file(capsys):
     from speculative.data import inputs
     from speculative.jobs.demo import run as demo
