@@ -223,7 +223,7 @@ class BenchmarkConfig:
     )
     gammas: Sequence[int] = (1, 2, 3, 4, 5, 6)
     lenience: float = 1.0
-    acceptance: str = "token"  # the default variant's rule ('token' or 'block')
+    acceptance: str = "token"  # the default variant's rule (`decoding.acceptance.names`)
     temperatures: Sequence[float] = (0.0, 1.0)
     top_k: int = 0
     top_p: float = 1.0

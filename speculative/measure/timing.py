@@ -208,9 +208,8 @@ def sampling_round_time(
         )
         # a tree's rule reads the log q each node was drawn from; a chain's the draft's logits
         q = draft_logits if tree is None else jax.nn.log_softmax(draft_logits, axis=-1)
-        proposed = jnp.full((batch_size,), gamma, jnp.int32)
         return acceptance.verify(
-            acceptance_rule, rngs[-1], target_logits, q, tokens, proposed,
+            acceptance_rule, rngs[-1], target_logits, q, tokens,
             sampling=sampling, lenience=lenience, tree=tree,
         )  # fmt: skip
 

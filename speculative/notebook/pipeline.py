@@ -77,13 +77,14 @@ class Pair(LoadedPair):
         is token for token the target's own; sampled output is distributed as the target's.
         The options and their defaults are `decode_ids`'s (max_new_tokens 64, greedy, ...).
 
-        gamma: draft tokens a round; unset, `job_config.DEFAULT_GAMMA` (4) for a chain and the
+        gamma: draft tokens a round; unset, `jobs.config.DEFAULT_GAMMA` (4) for a chain and the
           depth for a tree (a gamma given with a tree must be its depth).
         tree: a token tree proposed each round instead of a chain, widths per depth such as
           (4, 2, 2, 1, 1) or {'parents': (...)} (`decoding.tree`).
-        acceptance: 'token' (the paper's rule) or 'block' (block verification; never accepts
-          fewer tokens a round, and exact too).
-        Every argument is checked as the gin jobs check theirs (`job_config`): a bad one is a
+        acceptance: a registered rule's name (`decoding.acceptance.names`): 'token' (the
+          paper's rule; on a tree, recursive rejection down the tree), 'block' (block
+          verification, chains) or 'traversal' (traversal verification, trees); each exact.
+        Every argument is checked as the gin jobs check theirs (`jobs.config`): a bad one is a
         one-line `JobError`, with the jobs' message, before anything is decoded.
 
         Each mode, on tiny random-weight models (a stand-in for real checkpoints: tests run this):
@@ -163,7 +164,7 @@ class Pair(LoadedPair):
         speculatively and plainly, every emitted token scored by the target, teacher-forced, as
         the decoder processes it. options: the sample and the tests (`SamplePlan`:
         rows_per_prompt, seeds, level, max_deviation, control) and the decode
-        (`job_config.DecodeSettings`: max_new_tokens, gamma, tree, acceptance, temperature, top_k,
+        (`jobs.config.DecodeSettings`: max_new_tokens, gamma, tree, acceptance, temperature, top_k,
         top_p, seed, gamma_policy; T = 1 and 64 tokens unless given). Returns the certificate:
         'status' ('pass', 'fail', 'inconclusive'), 'reasons', and per program the tests,
         p-values, sample sizes and power. An unknown option, too few samples for the power, or

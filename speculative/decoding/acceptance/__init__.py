@@ -70,7 +70,7 @@ def verify(
     target_logits: jax.Array,
     draft_logits: jax.Array,
     draft_tokens: jax.Array,
-    proposed: jax.Array,
+    proposed: jax.Array | None = None,
     *,
     sampling: SamplingConfig,
     lenience: float = 1.0,
@@ -82,7 +82,8 @@ def verify(
     Args:
       target_logits: [B, N+1, V] at [last, drafts or tree nodes]; draft_logits: [B, N, V] the
         draft's logits (a chain) or the log q each node was drawn from (a tree); draft_tokens:
-        [B, N] int32; proposed: [B] tokens each row proposed (a chain: 1..G; a tree: its depth).
+        [B, N] int32; proposed: [B] tokens each row proposed, 1..N (a chain; None: all N; a
+        tree's round is its whole tree, so a tree ignores it).
       sampling, lenience: as `token.verify_chain`; adaptive: rows may propose fewer than
         N tokens (`GammaPolicy.adaptive`); tree: the static shape, None for a chain.
     Returns:
@@ -97,10 +98,12 @@ def verify(
         return Verdict(path, n, next_token, beta, tested)
     if chosen.chain is None:
         raise ValueError(f"acceptance {name!r} does not verify chains")
+    batch, gamma = draft_tokens.shape
+    if proposed is None:
+        proposed = jnp.full((batch,), gamma, jnp.int32)
     lengths = proposed if adaptive else None
     chain = ChainRound(target_logits, draft_logits, draft_tokens, lengths)
     n, next_token, beta = chosen.chain()(rng, chain, sampling, lenience)
-    batch, gamma = draft_tokens.shape
     # Positions 1..min(n+1, proposed) were tested against the target; later ones never were.
     position = jnp.arange(gamma)[None, :]
     tested = (position <= n[:, None]) & (position < proposed[:, None])
