@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """docs/exactness.md's tables from the certificate files: one row per certificate (the decode,
-its sampling, tokens scored (and the informative ones the uniformity test counts), the uniformity test with the deviation it could see, the stop-token
+its sampling, tokens scored (and the informative ones the uniformity test counts), the mid-PIT
+balance's z, the uniformity test with the deviation it could see, the stop-token
 balance, tokens outside the support, the status, and the plain control where the run had one),
 and one row per broken decoder of `scripts/certify_mutants.py` (when its uniformity failed).
 
@@ -76,8 +77,10 @@ def _tests(program: dict) -> str:
     tokens = f"{program['tokens']}"
     if "informative" in program:  # certificates from before it test every position
         tokens += f" ({program['informative']})"
+    balance = program.get("balance")  # certificates from before it have none
+    mid = "–" if balance is None else f"{balance['z']:+.2f}"
     return (
-        f"{tokens} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
+        f"{tokens} | {mid} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
         f"{u['detectable_deviation']:.3f} | {stops['emitted']} / {stops['expected']:.1f} | "
         f"{stops['z']:+.2f} | ±{stops['detectable_excess']:.0f} | {program['outside_support']['count']}"
     )
@@ -87,12 +90,16 @@ def _informative(program: dict) -> str:
     return f" ({program['informative']} informative)" if "informative" in program else ""
 
 
+def _balance(program: dict) -> str:
+    return f", mid-PIT z {program['balance']['z']:+.2f}" if "balance" in program else ""
+
+
 def table(root: pathlib.Path) -> str:
     """One row per `<root>/<name>/certificate.json`, sorted by name."""
     lines = [
-        "| certificate | decode | sampling | tokens (informative) | KS D | KS p | sees D | stops: seen / expected "
+        "| certificate | decode | sampling | tokens (informative) | mid-PIT z | KS D | KS p | sees D | stops: seen / expected "
         "| stops z | sees stops | outside support | status | plain control |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for path in sorted(root.glob("*/certificate.json")):
         found = json.loads(path.read_text())
@@ -100,7 +107,7 @@ def table(root: pathlib.Path) -> str:
         control_cell = (
             "none in this run (the chain's at this sampling has one)"
             if control is None
-            else f"{control['tokens']} tokens{_informative(control)}, KS p {control['uniformity']['pvalue']:.2f}, "
+            else f"{control['tokens']} tokens{_informative(control)}{_balance(control)}, KS p {control['uniformity']['pvalue']:.2f}, "
             f"stops z {control['stops']['z']:+.2f}, {'pass' if control['passed'] else 'FAIL'}"
         )
         lines.append(
@@ -115,13 +122,16 @@ def mutants_table(path: pathlib.Path) -> str:
     """One row per decoder of a certify_mutants.py file."""
     record = json.loads(path.read_text())
     lines = [
-        "| decoder | status | tokens | KS D | KS p | stops z | caught at (tokens) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| decoder | status | tokens (informative) | mid-PIT z | KS D | KS p | stops z | caught "
+        "at (tokens) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m in record["mutants"].items():
         caught = "not caught" if m["caught_at"] is None else str(m["caught_at"])
+        tokens = f"{m['tokens']}" + (f" ({m['informative']})" if "informative" in m else "")
+        mid = f"{m['balance_z']:+.2f}" if "balance_z" in m else "–"
         lines.append(
-            f"| `{name}` | {m['status']} | {m['tokens']} | {m['ks_statistic']:.3f} | "
+            f"| `{name}` | {m['status']} | {tokens} | {mid} | {m['ks_statistic']:.3f} | "
             f"{m['ks_pvalue']:.2g} | {m['stops_z']:+.2f} | {caught} |"
         )
     return "\n".join(lines)

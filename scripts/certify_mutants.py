@@ -77,6 +77,8 @@ def main(argv: list[str]) -> int:
             "status": found["status"],
             "reasons": found["reasons"],
             "tokens": spec["tokens"],
+            "informative": spec["informative"],
+            "balance_z": spec["balance"]["z"],
             "ks_pvalue": spec["uniformity"]["pvalue"],
             "ks_statistic": spec["uniformity"]["statistic"],
             "stops_z": spec["stops"]["z"],

@@ -68,6 +68,7 @@ def _draws(probs: np.ndarray, sampled_from: np.ndarray, seed: int) -> certificat
         below=np.sum(np.where(ahead, probs, 0.0), axis=1),
         p=p_x,
         top=probs.max(axis=1),
+        sum_p3=np.sum(probs**3, axis=1),
         stop_mass=probs[:, -1],
         is_stop=tokens == probs.shape[1] - 1,
         index=np.zeros(len(probs), np.int64),
@@ -89,6 +90,22 @@ def test_exact_draws_pass_and_a_sharper_sampler_fails():
     biased = certificate.tests(_draws(p, sharp, seed=1))
     assert not biased["uniformity"]["passed"]
     assert sum(biased["uniformity"]["histogram"][:5]) > sum(biased["uniformity"]["histogram"][5:])
+
+
+def test_the_mid_pit_balance_is_noise_free_and_signed():
+    """The mid-PIT's z: about standard normal over exact draws (40 batches: mean near 0, spread
+    near 1, so the variance (1 - sum p^3) / 12 is right), negative for a sharper sampler and
+    positive for a flatter one, each failing at 1,500 tokens; no noise seed enters it."""
+    p = _random_distributions(600, 12, seed=12)
+    zs = [certificate.mid_balance(_draws(p, p, seed=s))["z"] for s in range(40)]
+    assert abs(np.mean(zs)) < 0.5 and 0.75 < np.std(zs) < 1.3
+    p = _random_distributions(1500, 12, seed=12)  # z about -7 and +7 (-3 to -6 at 600)
+    sharp = p**1.25 / np.sum(p**1.25, axis=1, keepdims=True)
+    flat = p**0.8 / np.sum(p**0.8, axis=1, keepdims=True)
+    low, high = (certificate.mid_balance(_draws(p, q, seed=13)) for q in (sharp, flat))
+    assert low["z"] < 0 and not low["passed"]
+    assert high["z"] > 0 and not high["passed"]
+    assert 0 < low["detectable_shift"] < 0.1
 
 
 def test_the_stop_balance_finds_too_many_stops():
@@ -130,7 +147,8 @@ def _with_point_masses(scores: certificate.Scores, every: int) -> certificate.Sc
     every `every`-th: the positions top-p leaves a single token at low temperature."""
     n = scores.size
     at = np.arange(0, n, every)
-    fill = {"below": 0.0, "p": 1.0, "top": 1.0, "stop_mass": 0.0, "is_stop": False, "index": 0}
+    fill = {"below": 0.0, "p": 1.0, "top": 1.0, "sum_p3": 1.0, "stop_mass": 0.0}
+    fill.update(is_stop=False, index=0)
     return certificate.Scores(**{
         name: np.insert(getattr(scores, name), at, value) for name, value in fill.items()
     })  # fmt: skip

@@ -54,8 +54,11 @@ def test_declared_capabilities():
     assert {FeatureHeadDrafter, LayerSkipDrafter, StagedDrafter} <= trees
     assert not FixedTokenDrafter.grows_trees and not StatelessDrafter.grows_trees
     assert [c for c in DRAFTERS if c.reads_target_features] == [FeatureHeadDrafter]
-    assert CrossVocabDrafter.reported_stats == OPTIONAL_STATS
-    assert all(c.reported_stats == () for c in DRAFTERS if c is not CrossVocabDrafter)
+    assert CrossVocabDrafter.reported_stats == ("outside_mass", "draft_stalls")
+    assert StagedDrafter.reported_stats == ("model_calls", "lookup_accepted")
+    reporting = {CrossVocabDrafter, StagedDrafter}
+    assert set(OPTIONAL_STATS) == {s for c in reporting for s in c.reported_stats}
+    assert all(c.reported_stats == () for c in DRAFTERS if c not in reporting)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from speculative.decoding.drafter import DraftContext, DraftRequest
 from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import staged
 from speculative.errors import JobError
+from speculative.measure import metrics
 from tests import helpers
 
 V, MAX_LEN = helpers.GREEDY_VOCAB, helpers.GREEDY_MAX_LEN  # target, draft, batch: conftest.py
@@ -39,6 +40,39 @@ def test_greedy_identical_to_plain(target, draft, batch, greedy_reference, gamma
     )
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def test_draft_calls_are_the_calls_made_and_the_lookup_is_counted(
+    target, draft, batch, greedy_reference
+):
+    """A staged draft reports its model calls, not gamma a round: each call adds its kept lookup
+    tokens and one drawn token, so per round calls + kept is gamma, or gamma + 1 when the last
+    call's drawn token fell past gamma; every call scores `lookahead` lookup tokens. The greedy
+    decode of the shared batch repeats itself enough that the lookup saves calls."""
+    gamma, lookahead = 9, 2
+    eos_id = greedy_reference[0]
+    drafter = staged.StagedDrafter(draft[0], lookahead=lookahead)
+    out = decoding.speculative_decode(
+        *target, drafter, draft[1], batch, gamma=gamma, max_decode_len=MAX_LEN, eos_id=eos_id
+    )
+    st = out.stats
+    rounds, calls = np.asarray(st.target_calls), np.asarray(st.draft_calls)
+    kept, scored = np.asarray(st.lookup_accepted), np.asarray(st.lookup_proposed)
+    extra = calls + kept - gamma * rounds  # rounds whose last drawn token was dropped
+    assert np.all((0 <= extra) & (extra <= rounds)), (calls, kept, rounds)
+    np.testing.assert_array_equal(scored, lookahead * calls)
+    assert 0 < calls.sum() < gamma * rounds.sum() and kept.sum() > 0
+    summary = metrics.summarize(st, out.lengths)
+    assert summary["draft_calls"] == calls.sum()
+    assert summary["lookup_acceptance"] == kept.sum() / scored.sum()
+    # The draft model's own (unstaged) rounds: gamma calls a round, and no lookup counts.
+    plain = decoding.speculative_decode(
+        *target, *draft, batch, gamma=gamma, max_decode_len=MAX_LEN, eos_id=eos_id
+    )
+    np.testing.assert_array_equal(plain.stats.draft_calls, gamma * plain.stats.target_calls)
+    assert plain.stats.lookup_proposed is None and "lookup_acceptance" not in metrics.summarize(
+        plain.stats, plain.lengths
+    )
 
 
 def _proposals(drafter, params, cfg: SamplingConfig, gamma: int, seed: int = 3):
@@ -133,6 +167,11 @@ def test_infer_job_with_a_staged_draft_writes_the_same_greedy_outputs(tmp_path):
     flag = "--gin.draft/speculative.ModelSpec.staged_lookahead=2"
     summary = helpers.infer_matches_plain_draft(tmp_path, "staged", flag)
     assert "staged by prompt lookup (2 a call)" in json.dumps(summary)
+    # The lookup is counted (rows, pooled into the summary) and its calls are the calls made.
+    rows = [json.loads(line) for line in (tmp_path / "staged" / "predictions.jsonl").open()]
+    assert all(r["lookup_proposed"] == 2 * r["draft_calls"] for r in rows)
+    found = json.dumps(summary)
+    assert '"lookup_acceptance"' in found and '"lookup_accepted"' in found
 
 
 def test_a_bad_lookahead_is_one_line(tmp_path):

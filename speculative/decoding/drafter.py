@@ -191,10 +191,16 @@ class Drafter(Protocol):
     # sums it over each row's proposed positions into `DecodeStats.outside_mass`.
     #   draft_stalls(state) -> [B] bool, rows whose draft skipped this round's catch-up (its cache
     #   full); the loop counts them, while active, into `DecodeStats.draft_stalls`.
+    #
+    # Declared in reported_stats, for drafts whose model calls a round are not one per proposed
+    # token (drafts/staged.py): model_calls(state) -> [B] int32, the draft-model calls the row's
+    # last proposal took; the loop adds them to `DecodeStats.draft_calls` (else: the proposed
+    # count). lookup_accepted(state) -> ([B], [B]) int32, the lookup tokens the draft model
+    # scored / kept in that proposal, into `DecodeStats.lookup_proposed` / `lookup_accepted`.
 
 
 # The optional per-row `DecodeStats` a drafter may report (`Drafter.reported_stats`).
-OPTIONAL_STATS = ("outside_mass", "draft_stalls")
+OPTIONAL_STATS = ("outside_mass", "draft_stalls", "model_calls", "lookup_accepted")
 
 
 class StatelessDrafter:

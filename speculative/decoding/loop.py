@@ -283,10 +283,7 @@ def _speculative_round(
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
     stats = _count_round(s.stats, active, v, proposed, emitted, target_logits, draft_logits, config)
-    stats = _count_outside(stats, drafter, draft_state, proposed, active)
-    if stats.draft_stalls is not None:  # a draft whose catch-up can stall (cross-vocabulary)
-        stalled = drafter.draft_stalls(draft_state) & active
-        stats = stats.replace(draft_stalls=stats.draft_stalls + stalled.astype(jnp.int32))
+    stats = _count_reported(stats, drafter, draft_state, proposed, active)
     return emitted_state.replace(
         target=target_state.replace(index=pos),
         draft=draft_state,
@@ -320,15 +317,30 @@ def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draf
     )
 
 
-def _count_outside(st, drafter: Drafter, draft_state: Any, proposed, active):
-    """Adds the draft's probability outside what it may propose ([B, G] from a drafter with
-    `outside_mass`, e.g. a cross-vocabulary draft) over each row's proposed positions."""
-    if st.outside_mass is None:
-        return st
-    mass = drafter.outside_mass(draft_state)  # [B, G]
-    counted = jnp.arange(mass.shape[1])[None, :] < proposed[:, None]
-    added = jnp.sum(jnp.where(counted, mass, 0.0), axis=1)
-    return st.replace(outside_mass=st.outside_mass + jnp.where(active, added, 0.0))
+def _count_reported(st, drafter: Drafter, draft_state: Any, proposed, active):
+    """The optional stats a drafter reports (`Drafter.reported_stats`), added for active rows:
+    its probability outside what it may propose ([B, G], over each row's proposed positions),
+    its stalled catch-ups, its model calls (in place of the proposed count `_count_round`
+    assumed) and its lookup tokens scored / kept."""
+    reported = drafter.reported_stats
+    if "outside_mass" in reported:
+        mass = drafter.outside_mass(draft_state)  # [B, G]
+        counted = jnp.arange(mass.shape[1])[None, :] < proposed[:, None]
+        added = jnp.sum(jnp.where(counted, mass, 0.0), axis=1)
+        st = st.replace(outside_mass=st.outside_mass + jnp.where(active, added, 0.0))
+    if "draft_stalls" in reported:
+        stalled = drafter.draft_stalls(draft_state) & active
+        st = st.replace(draft_stalls=st.draft_stalls + stalled.astype(jnp.int32))
+    if "model_calls" in reported:
+        calls = drafter.model_calls(draft_state) - proposed
+        st = st.replace(draft_calls=st.draft_calls + jnp.where(active, calls, 0))
+    if "lookup_accepted" in reported:
+        scored, kept = drafter.lookup_accepted(draft_state)
+        st = st.replace(
+            lookup_proposed=st.lookup_proposed + jnp.where(active, scored, 0),
+            lookup_accepted=st.lookup_accepted + jnp.where(active, kept, 0),
+        )
+    return st
 
 
 def _count_ranks(counts, active, v: _Verdict, config: DecodeConfig):
@@ -395,6 +407,11 @@ def speculative_loop(
     if "outside_mass" in drafter.reported_stats:  # counted only for a draft that reports it
         zeros = jnp.zeros(pos.shape, jnp.float32)
         init = init.replace(stats=init.stats.replace(outside_mass=zeros))
+    counts = jnp.zeros(pos.shape, jnp.int32)
     if "draft_stalls" in drafter.reported_stats:  # a draft whose catch-up can stall
-        init = init.replace(stats=init.stats.replace(draft_stalls=jnp.zeros(pos.shape, jnp.int32)))
+        init = init.replace(stats=init.stats.replace(draft_stalls=counts))
+    if "lookup_accepted" in drafter.reported_stats:  # a staged draft's lookup
+        init = init.replace(
+            stats=init.stats.replace(lookup_proposed=counts, lookup_accepted=counts)
+        )
     return _output(_while_not_done(body, init), config, partitioner)

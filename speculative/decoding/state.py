@@ -24,8 +24,9 @@ class DecodeStats:
 
     B = batch, G = gamma (0 for plain decoding). Every field is [B] unless noted.
       target_calls: target forward calls after the prefill (one per round / per plain step).
-      draft_calls: draft forward steps (gamma per round, or the row's proposed length under an
-        adaptive GammaPolicy; 0 for plain decoding).
+      draft_calls: draft-model calls (gamma per round, or the row's proposed length under an
+        adaptive GammaPolicy; what a draft reports with `model_calls`, e.g. a staged draft's
+        lookup-checking calls; 0 for plain decoding).
       drafted / accepted: draft tokens proposed / accepted.
       emitted: generated tokens (EOS included); equals DecodeOutput.lengths.
       beta_sum: float32 sum of beta = sum_x min(p(x), q(x)) over verified positions.
@@ -41,6 +42,8 @@ class DecodeStats:
       draft_stalls: int32, rounds whose catch-up the draft skipped because the row's text had
         outgrown its capped cache (a cross-vocabulary draft's `draft_stalls`; still exact, fewer
         acceptances); None for every other draft.
+      lookup_proposed / lookup_accepted: int32, the prompt-lookup tokens a staged draft's model
+        scored / kept (`drafts/staged.py`); None for every other draft.
     Derived: `alpha`, `tokens_per_call` (tau), `verified`. Fields can also be read by name,
     `stats["alpha"]`, as earlier releases returned a dict.
     """
@@ -58,6 +61,8 @@ class DecodeStats:
     accepted_rank: jax.Array | None = None
     outside_mass: jax.Array | None = None
     draft_stalls: jax.Array | None = None
+    lookup_proposed: jax.Array | None = None
+    lookup_accepted: jax.Array | None = None
 
     @classmethod
     def zeros(

@@ -18,21 +18,44 @@ draft model's own q (docs/design.md §6), so the output follows the target whate
 proposes; the lookup only changes how many draft calls a round costs. Chains only: a tree round
 is grown by the draft model's own steps (`ModelDrafter.propose_tree`). Calls beyond gamma tokens
 are not made; tokens past gamma from the last call are dropped.
+
+What a round cost is reported, not assumed (`Drafter.reported_stats`): the state carries each
+row's draft-model calls in its last proposal (`DecodeStats.draft_calls` counts those, not gamma)
+and the lookup tokens the model scored and kept (`DecodeStats.lookup_proposed` /
+`lookup_accepted`: how often the draft model agreed with the lookup).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
+import flax
 import jax
 import jax.numpy as jnp
 
+from speculative.decoding.config import DecodeConfig
 from speculative.decoding.drafter import DraftRequest, one_hot_logits
 from speculative.decoding.model_drafter import ModelDrafter
 from speculative.decoding.sampling import verify
 from speculative.drafts.prompt_lookup import continuation
 from speculative.models.base import DecodeState, write_rows
+
+
+@flax.struct.dataclass
+class StagedState:
+    """The draft model's cache and what the row's last proposal cost, each [B] int32: calls
+    (draft-model calls it took part in), scored / kept (lookup tokens the model scored / kept)."""
+
+    model: DecodeState
+    calls: jax.Array
+    scored: jax.Array
+    kept: jax.Array
+
+    @classmethod
+    def fresh(cls, model: DecodeState, calls: Any = 0) -> StagedState:
+        zeros = jnp.zeros(model.index.shape, jnp.int32)
+        return cls(model, zeros + calls, zeros, zeros)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +70,8 @@ class StagedDrafter(ModelDrafter):
     max_ngram: int = 3
     min_ngram: int = 1
 
+    reported_stats: ClassVar[tuple[str, ...]] = ("model_calls", "lookup_accepted")
+
     def __post_init__(self):
         if self.lookahead < 1:
             raise ValueError(f"staged drafting needs lookahead >= 1, got {self.lookahead}")
@@ -59,10 +84,34 @@ class StagedDrafter(ModelDrafter):
         # A call may start up to gamma + lookahead - 1 slots past `last` and writes lookahead + 2.
         return 2 * self.lookahead + 2
 
+    def init(self, params: Any, batch: dict[str, jax.Array], config: DecodeConfig) -> StagedState:
+        return StagedState.fresh(super().init(params, batch, config))
+
+    def constrain(self, partitioner: Any, state: StagedState) -> StagedState:
+        return state.replace(model=super().constrain(partitioner, state.model))
+
+    def model_calls(self, state: StagedState) -> jax.Array:
+        return state.calls
+
+    def lookup_accepted(self, state: StagedState) -> tuple[jax.Array, jax.Array]:
+        return state.scored, state.kept
+
+    def propose_tree(
+        self, params: Any, state: StagedState, request: DraftRequest
+    ) -> tuple[jax.Array, jax.Array, StagedState]:
+        """The draft model's own tree (`ModelDrafter.propose_tree`): one call per depth."""
+        tokens, log_q, model = super().propose_tree(params, state.model, request)
+        return tokens, log_q, StagedState.fresh(model, calls=request.tree.depth)
+
     def propose(
-        self, params: Any, state: DecodeState, request: DraftRequest
-    ) -> tuple[jax.Array, jax.Array, DecodeState]:
+        self, params: Any, state: StagedState, request: DraftRequest
+    ) -> tuple[jax.Array, jax.Array, StagedState]:
         """gamma tokens per row (tokens [B, G], logits [B, G, V] they were drawn from, state)."""
+        tokens, logits, model, counts = self._propose(params, state.model, request)
+        return tokens, logits, StagedState(model, *counts)
+
+    def _propose(self, params: Any, state: DecodeState, request: DraftRequest):
+        """(tokens, logits, model state, (calls, scored, kept) [B] each) of `propose`."""
         params = self.model_params(params)
         context, rng, gamma, k = request.context, request.rng, request.gamma, self.lookahead
         rows, pos = context.last.shape[0], context.pos
@@ -71,7 +120,7 @@ class StagedDrafter(ModelDrafter):
         ids = jnp.concatenate([ids, jnp.zeros((rows, slots), ids.dtype)], axis=1)
 
         def call(carry):
-            i, n, tokens, logits, state = carry
+            i, n, tokens, logits, state, counts = carry
             # x_{n-1}, x_n: drafted tokens, or the round's prev / last before any.
             drafted = jnp.concatenate([context.prev[:, None], context.last[:, None], tokens], 1)
             before, current = (
@@ -102,14 +151,18 @@ class StagedDrafter(ModelDrafter):
             wants = (n < gamma) & ~context.done
             tokens = jnp.where(wants[:, None], write_rows(tokens, new, n), tokens)
             logits = jnp.where(wants[:, None, None], write_rows(logits, scored, n), logits)
+            # kept: the accepted guesses that land inside the row's gamma tokens
+            used = (1, k, jnp.minimum(accepted, gamma - n))
+            counts = tuple(c + jnp.where(wants, u, 0) for c, u in zip(counts, used, strict=True))
             n = jnp.where(wants, n + accepted + 1, n)
-            return i + 1, n, tokens, logits, state
+            return i + 1, n, tokens, logits, state, counts
 
         def more(carry):
             return jnp.any((carry[1] < gamma) & ~context.done)
 
         tokens = jnp.zeros((rows, slots), jnp.int32)
         logits = jnp.zeros((rows, slots, self.vocab_size), jnp.float32)
-        carry = (0, jnp.zeros(rows, jnp.int32), tokens, logits, state)
-        _, _, tokens, logits, state = jax.lax.while_loop(more, call, carry)
-        return tokens[:, :gamma], logits[:, :gamma], state.replace(index=pos + gamma)
+        zeros = jnp.zeros(rows, jnp.int32)
+        carry = (0, zeros, tokens, logits, state, (zeros, zeros, zeros))
+        _, _, tokens, logits, state, counts = jax.lax.while_loop(more, call, carry)
+        return tokens[:, :gamma], logits[:, :gamma], state.replace(index=pos + gamma), counts

@@ -18,6 +18,12 @@ is drawn, so the informative u_t stay independent uniforms. The noise U comes fr
 and per program (`certify`'s noise_seed): a fixed stream shared by every certificate made their
 verdicts move together (docs/exactness.md, "A false alarm, explained").
 
+The randomization costs power where p_t(x_t) is large: u_t is then mostly U_t. Its noise-free
+part, the mid-PIT m_t = P_t(ranked before x_t) + p_t(x_t) / 2, has mean 1/2 and variance
+(1 - sum_y p_t(y)^3) / 12 given the past whatever p_t is, so sum_t (m_t - 1/2) is a martingale
+and its z-score a second, noise-free test ("balance"): negative for a sampler sharper than p_t,
+positive for a flatter one (a point mass adds 0 to both sums).
+
 Stop tokens get a test of their own, since where rows end is what a length bias shows:
 sum_t (1[x_t is a stop] - p_t(stops)) is a martingale of mean 0 and variance
 sum_t p_t(stops) (1 - p_t(stops)); its z-score. A token the scorer gives probability 0 (outside
@@ -27,8 +33,10 @@ support boundary may flip a rare one).
 Power, stated with every test: KS at level `level` over n values rejects, with probability at least
 0.9, any distribution of u whose CDF is Delta_90 = (K_level + 1.2816 * 0.5) / sqrt(n) from the
 uniform's somewhere (K_level: the Kolmogorov distribution's upper quantile; the empirical CDF at
-the farthest point has a standard deviation of at most 0.5 / sqrt(n)). The stop test finds an
-excess or deficit of (z_{level/2} + 1.2816) * sigma stop tokens with probability 0.9.
+the farthest point has a standard deviation of at most 0.5 / sqrt(n)). The balance test finds a
+mean shift of the mid-PIT of (z_{level/2} + 1.2816) * sigma / n per informative token, and the stop
+test an excess or deficit of (z_{level/2} + 1.2816) * sigma stop tokens, with probability 0.9.
+Each test is at `level`; a certificate's four together false-alarm at most 4 * level.
 
 Greedy (T = 0): every row of the speculative decode must equal plain decoding's. Plain decoding
 goes through the same tests as the control: a failing control says the scoring is off, not the draft.
@@ -52,6 +60,7 @@ from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.state import teacher_forced_logits
 
 LEVEL = 1e-3  # each test's false-alarm rate
+TESTS = ("uniformity", "balance", "stops", "outside_support")  # a program's, in its record
 MAX_DEVIATION = 0.05  # the KS deviation a certificate must see with probability 0.9
 OUTSIDE_SHARE = 1e-3  # tokens outside the scorer's support allowed, as a share
 POINT_MASS = 1.0 - 1e-6  # a position whose top token holds this much carries no information
@@ -64,14 +73,16 @@ class Scores:
     """The target's teacher-forced view of emitted tokens, N of them (rows concatenated, in order).
 
     below: [N] mass of the tokens ranked before each (by probability descending, ties by id);
-    p: [N] its probability; top: [N] the largest probability there; stop_mass: [N] the stop
-    tokens' probability there; is_stop: [N] bool; index: [N] its position in its row (0 = the
-    first generated token).
+    p: [N] its probability; top: [N] the largest probability there; sum_p3: [N] the sum of the
+    cubed probabilities there (the mid-PIT's variance); stop_mass: [N] the stop tokens'
+    probability there; is_stop: [N] bool; index: [N] its position in its row (0 = the first
+    generated token).
     """
 
     below: np.ndarray
     p: np.ndarray
     top: np.ndarray
+    sum_p3: np.ndarray
     stop_mass: np.ndarray
     is_stop: np.ndarray
     index: np.ndarray
@@ -120,7 +131,7 @@ class Scores:
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def _score_rows(model, params, batch, tokens, sampling: SamplingConfig, stops: tuple[int, ...]):
-    """[b, T] tokens -> (below, p, top, stop_mass), each [b, T] float32 (module docstring)."""
+    """[b, T] tokens -> (below, p, top, sum_p3, stop_mass), each [b, T] float32 (`Scores`)."""
     logits = teacher_forced_logits(model, params, batch, tokens)  # [b, T, V]
     probs = jnp.exp(sampling_lib.process_logits(logits, sampling))
     tokens = tokens.astype(jnp.int32)[..., None]
@@ -129,7 +140,7 @@ def _score_rows(model, params, batch, tokens, sampling: SamplingConfig, stops: t
     ahead = (probs > p_x) | ((probs == p_x) & (ids < tokens))
     below = jnp.sum(jnp.where(ahead, probs, 0.0), axis=-1)
     stop_mass = jnp.sum(probs[..., jnp.asarray(stops, jnp.int32)], axis=-1)
-    return below, p_x[..., 0], jnp.max(probs, axis=-1), stop_mass
+    return below, p_x[..., 0], jnp.max(probs, axis=-1), jnp.sum(probs**3, axis=-1), stop_mass
 
 
 def score(
@@ -153,12 +164,13 @@ def score(
         part = _score_rows(model, params, rows, jnp.asarray(tokens[start : start + chunk]),
                            sampling, tuple(int(s) for s in stops))  # fmt: skip
         parts.append([np.asarray(a) for a in part])
-    below, p, top, stop_mass = (np.concatenate(a) for a in zip(*parts, strict=True))
+    below, p, top, sum_p3, stop_mass = (np.concatenate(a) for a in zip(*parts, strict=True))
     counted = np.arange(tokens.shape[1])[None, :] < np.asarray(lengths)[:, None]
     return Scores(
         below=below[counted].astype(np.float64),
         p=p[counted].astype(np.float64),
         top=top[counted].astype(np.float64),
+        sum_p3=sum_p3[counted].astype(np.float64),
         stop_mass=stop_mass[counted].astype(np.float64),
         is_stop=np.isin(np.asarray(tokens)[counted], np.asarray(stops)),
         index=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)[counted],
@@ -216,6 +228,21 @@ def uniformity(u: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
     }
 
 
+def mid_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
+    """The mid-PIT's sum against its mean (module docstring): z, and the mean shift per
+    informative token it finds with probability 0.9 (negative z: sharper than the target)."""
+    mid = scores.below + 0.5 * scores.p - 0.5
+    sigma = math.sqrt(float(np.sum(np.clip(1.0 - scores.sum_p3, 0.0, 1.0))) / 12.0)
+    z = float(np.sum(mid)) / sigma if sigma > 0 else 0.0
+    n = max(int(np.sum(scores.informative)), 1)
+    return {
+        "z": z,
+        "pvalue": float(2 * stats.norm.sf(abs(z))),
+        "detectable_shift": (float(stats.norm.isf(level / 2)) + _Z_POWER) * sigma / n,
+        "passed": bool(2 * stats.norm.sf(abs(z)) >= level),
+    }
+
+
 def stop_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
     """Stop tokens emitted against their expected count along the sampled paths: z and power."""
     emitted, expected = int(scores.is_stop.sum()), float(scores.stop_mass.sum())
@@ -242,6 +269,7 @@ def tests(scores: Scores, level: float = LEVEL, seed: Seed = 0) -> dict[str, Any
     """Every test of one program's scored tokens, and whether all passed."""
     found = {
         "uniformity": uniformity(pit(scores, seed), level),
+        "balance": mid_balance(scores, level),
         "stops": stop_balance(scores, level),
         "outside_support": outside_support(scores),
     }
@@ -307,7 +335,7 @@ def certify(
     reasons = [
         f"{name}: {test} failed"
         for name, result in found.items()
-        for test in ("uniformity", "stops", "outside_support")
+        for test in TESTS
         if not result[test]["passed"]
     ]
     informative = found["speculative"]["informative"]

@@ -34,15 +34,17 @@ def speedup_from_tau(tau: float, gamma: int, c: float) -> float:
 
 
 def cost_model_speedup(
-    tau: float, gamma: int, target_step_s: float, draft_step_s: float, verify_s: float
+    tau: float, draft_calls: float, target_step_s: float, draft_step_s: float, verify_s: float
 ) -> float:
     """Theorem 3.8's accounting with the verify call's measured cost in place of one step.
 
-    A round is gamma draft steps plus one target call scoring gamma + 1 tokens (verify_s) and
-    yields tau tokens, against tau plain steps: tau * target_step / (gamma * draft_step + verify).
-    With verify_s = target_step_s and tau from Eq. 1 this is `predicted_speedup`.
+    A round is `draft_calls` draft calls (gamma for a model draft; the measured mean for a draft
+    that reports its calls, such as a staged one, each call costed as one step) plus one target
+    call scoring gamma + 1 tokens (verify_s) and yields tau tokens, against tau plain steps:
+    tau * target_step / (draft_calls * draft_step + verify). With verify_s = target_step_s,
+    draft_calls = gamma and tau from Eq. 1 this is `predicted_speedup`.
     """
-    return tau * target_step_s / (gamma * draft_step_s + verify_s)
+    return tau * target_step_s / (draft_calls * draft_step_s + verify_s)
 
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
@@ -107,7 +109,9 @@ def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
       (beta pooled over every verified position, i.e. rows weighted by their verified count),
       draft_calls, accepted, drafted and acceptance_by_position (accepted / verified per draft
       position); stats with "outside_mass" (a cross-vocabulary draft) add draft_mass_outside, the
-      draft's probability outside the intersection per drafted token.
+      draft's probability outside the intersection per drafted token; stats with
+      "lookup_proposed" (a staged draft) add lookup_proposed, lookup_accepted and
+      lookup_acceptance, the share of the lookup's tokens the draft model kept.
     """
     lengths = np.asarray(lengths)
     target_calls = int(np.sum(np.asarray(stats["target_calls"])))
@@ -128,6 +132,10 @@ def summarize(stats: Any, lengths: Any) -> dict[str, Any]:
     if "outside_mass" in stats:  # a cross-vocabulary draft: its mass outside the intersection
         outside = float(np.sum(np.asarray(stats["outside_mass"])))
         out["draft_mass_outside"] = outside / max(out["drafted"], 1)
+    if "lookup_proposed" in stats:  # a staged draft
+        for name in ("lookup_proposed", "lookup_accepted"):
+            out[name] = int(np.sum(np.asarray(stats[name])))
+        out["lookup_acceptance"] = out["lookup_accepted"] / max(out["lookup_proposed"], 1)
     return out
 
 

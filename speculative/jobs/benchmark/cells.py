@@ -94,7 +94,7 @@ def cell_certificates(
     for name, found in certificates.items():
         log.info(
             f"certificate {name}: {'pass' if found['passed'] else 'FAIL'}, {found['tokens']} "
-            f"tokens ({found['informative']} informative), KS p {found['uniformity']['pvalue']:.3g} (sees "
+            f"tokens ({found['informative']} informative), mid-PIT z {found['balance']['z']:+.2f}, KS p {found['uniformity']['pvalue']:.3g} (sees "
             f"{found['uniformity']['detectable_deviation']:.3f}), stops z {found['stops']['z']:+.2f}"
         )
     return certificates

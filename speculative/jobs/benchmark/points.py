@@ -29,8 +29,10 @@ class Point:
     models them. cost_model_speedup: Thm 3.8 with the measured verify cost.
     round_s: measured seconds per speculative round (decode time without the prefills / rounds,
     a batch's rounds being its slowest row's target calls); round_parts_s: what its parts cost
-    alone, gamma draft steps + one verify call + the round's sampling work (round_sampling_s:
-    its draft samples and its own rule's verification, a tree's included, timed alone).
+    alone, draft_calls_per_round draft steps + one verify call + the round's sampling work
+    (round_sampling_s: its draft samples and its own rule's verification, a tree's included,
+    timed alone). draft_calls_per_round: the draft's model calls per row and round as the decode
+    counted them (gamma for a model draft; fewer for a staged one, whose lookup saves calls).
     greedy_identical_to_plain: None unless greedy and exact.
     variant / draft / lenience / exact / gamma_policy / acceptance / tree: the speculative setting
       (`Variant`; tree: its nodes' parents, gamma its depth, acceptance_by_position per depth,
@@ -70,6 +72,7 @@ class Point:
     cost_model_speedup: float
     round_s: float
     round_parts_s: float
+    draft_calls_per_round: float
     round_sampling_s: float
     greedy_identical_to_plain: bool | None
     variant: str = "default"
@@ -169,6 +172,7 @@ def make_point(
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
     rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
     verify_s, predicted, sampling_s = _round_costs(variant, gamma, summary, costs)
+    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
     return Point(
         gamma=gamma,
         alpha=summary["alpha"],
@@ -191,10 +195,11 @@ def make_point(
         decode_speedup=(plain_decode_s / plain.tokens) / (spec_decode_s / spec.tokens),
         predicted_speedup=predicted,
         cost_model_speedup=metrics.cost_model_speedup(
-            summary["tau"], gamma, costs["target_step_s"], costs["draft_step_s"], verify_s
+            summary["tau"], calls, costs["target_step_s"], costs["draft_step_s"], verify_s
         ),
         round_s=spec_decode_s / max(rounds, 1),
-        round_parts_s=gamma * costs["draft_step_s"] + verify_s + sampling_s,
+        round_parts_s=calls * costs["draft_step_s"] + verify_s + sampling_s,
+        draft_calls_per_round=calls,
         round_sampling_s=sampling_s,
         greedy_identical_to_plain=greedy_identical(plain, spec, greedy, variant),
         variant=variant.name,

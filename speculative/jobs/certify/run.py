@@ -210,7 +210,8 @@ def summary_line(result: dict[str, Any]) -> str:
         if name in result:
             r = result[name]
             parts.append(
-                f"{name}: {r['tokens']} tokens ({r['informative']} informative), KS p {r['uniformity']['pvalue']:.3g} "
+                f"{name}: {r['tokens']} tokens ({r['informative']} informative), mid-PIT z "
+                f"{r['balance']['z']:+.2f}, KS p {r['uniformity']['pvalue']:.3g} "
                 f"(sees {r['uniformity']['detectable_deviation']:.3f}), stops z "
                 f"{r['stops']['z']:+.2f}, outside support {r['outside_support']['count']}"
             )

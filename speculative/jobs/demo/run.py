@@ -213,6 +213,8 @@ def result_json(
     gamma, summary = config.gamma, decoded.summary
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
     t_verify = costs["target_extend_s"][config.block]
+    # the draft's calls a round as counted (a staged draft's lookup saves some of gamma)
+    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
     plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
     return {
         "target": args.target,
@@ -239,8 +241,9 @@ def result_json(
         "speedup": plain_s / spec_s,
         "predicted_speedup": metrics.predicted_speedup(summary["alpha"], gamma, c),
         "target_verify_s": t_verify,
+        "draft_calls_per_round": calls,
         "cost_model_speedup": metrics.cost_model_speedup(
-            summary["tau"], gamma, t_target, t_draft, t_verify
+            summary["tau"], calls, t_target, t_draft, t_verify
         ),
         "optimal_gamma": metrics.optimal_gamma(summary["alpha"], c),
         "compile_s": decoded.compile_s,

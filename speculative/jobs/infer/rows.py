@@ -62,11 +62,17 @@ def output_rows(
             drafted = max(int(stats.drafted[i]), 1)
             outside = float(stats.outside_mass[i])
             row.update(outside_mass=outside, draft_mass_outside=outside / drafted)
+        if speculative and stats.lookup_proposed is not None:  # a staged draft's lookup
+            row.update(
+                lookup_proposed=int(stats.lookup_proposed[i]),
+                lookup_accepted=int(stats.lookup_accepted[i]),
+            )
         rows.append(row)
     return rows
 
 
 _SPECULATIVE_COLUMNS = ("alpha", "accepted", "drafted", "draft_calls", "accepted_at", "verified_at")
+_LOOKUP_COLUMNS = ("lookup_proposed", "lookup_accepted")
 
 
 def summarize_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -77,6 +83,8 @@ def summarize_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         names += _SPECULATIVE_COLUMNS
     if rows and "outside_mass" in rows[0]:  # a cross-vocabulary draft's
         names += ("outside_mass",)
+    if rows and "lookup_proposed" in rows[0]:  # a staged draft's
+        names += _LOOKUP_COLUMNS
     columns = {name: np.asarray([r[name] for r in rows]) for name in names}
     lengths = np.asarray([r["length"] for r in rows], np.int64)
     return {"examples": len(rows), **metrics.summarize(columns, lengths)}
@@ -97,6 +105,7 @@ def pool_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if "outside_mass" in rows[0]
             else {}
         ),
+        **({k: s[k] for k in _LOOKUP_COLUMNS} if "lookup_proposed" in rows[0] else {}),
     }
 
 
