@@ -5,7 +5,7 @@ balance's z, the uniformity test with the deviation it could see, the stop-token
 balance, tokens outside the support, the status, and the plain control where the run had one),
 and one row per broken decoder of `scripts/certify_mutants.py` (when its uniformity failed).
 
-    python scripts/certificates_report.py benchmarks/certificates
+    python scripts/certificates_report.py benchmarks/certificates [--noise 584]
 """
 
 from __future__ import annotations
@@ -137,10 +137,25 @@ def mutants_table(path: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+def shared_noise(n: int) -> tuple[float, list[int]]:
+    """The noise every certificate drew before per-run seeds (numpy's default_rng(0)): KS p of its
+    first n values against Uniform(0, 1), and their 10-bin histogram (docs/exactness.md, "A false
+    alarm, explained")."""
+    import numpy as np
+    from scipy import stats
+
+    u = np.random.default_rng(0).uniform(size=n)
+    return float(stats.kstest(u, "uniform").pvalue), np.histogram(u, 10, (0, 1))[0].tolist()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=pathlib.Path)
+    parser.add_argument("--noise", type=int, help="also: the old shared noise's first N values")
     args = parser.parse_args(argv)
+    if args.noise:
+        pvalue, histogram = shared_noise(args.noise)
+        print(f"default_rng(0), first {args.noise}: KS p {pvalue:.3f}, histogram {histogram}\n")
     print(table(args.root))
     for path in sorted(args.root.glob("mutants*.json")):
         print(f"\n{path.name}:\n")

@@ -24,7 +24,6 @@ import jax
 
 from speculative import vocab
 from speculative.data import spec_bench
-from speculative.drafts import cross_vocab
 from speculative.errors import JobError
 from speculative.jobs import common, pairs
 from speculative.jobs.spec_bench.config import SpecBenchConfig
@@ -100,32 +99,25 @@ def shortlist_prompts(prepared: Prepared) -> list[list[int]]:
 
 
 def load_programs(cfg: SpecBenchConfig, prepared: Prepared) -> tuple[conversation.Programs, int]:
-    """The target (and draft) loaded as the other jobs load them, as compiled-per-width programs,
-    and the longest sequence every model takes (a conversation must fit it)."""
-    target = pairs.model_spec(cfg.target)
-    vocabulary_spec = cfg.vocabulary or pairs.vocab_spec(target)
-    drafts = [] if cfg.draft is None else [("draft", pairs.model_spec(cfg.draft))]
-    draft_vocabulary = None
-    if drafts and cfg.vocabulary is None and isinstance(drafts[0][1], ml.ModelSpec):
-        draft_vocabulary = pairs.vocab_spec(drafts[0][1])
-    loaded = common.load_models(
-        target, drafts, prepared.vocabulary, vocabulary_spec, draft_vocabulary
+    """The target (and draft) loaded as the other jobs load them (`pairs.load`), as
+    compiled-per-width programs, and the longest sequence every model takes (a conversation must
+    fit it)."""
+    draft = None if cfg.draft is None else pairs.model_spec(cfg.draft)
+    pair = pairs.load(
+        pairs.model_spec(cfg.target), draft, cfg.vocabulary, prompts=shortlist_prompts(prepared)
     )
-    loaded = common.prepare_drafts(loaded, drafts, prepared.vocabulary, shortlist_prompts(prepared))
+    model, params = pair.target.model, pair.target.params
     programs: dict[str, runner.Program] = {}
     own: dict[str, Any] = {}  # a draft with another tokenizer reads the text in its own tokens
-    model, params = loaded.target.model, loaded.target.params
     if cfg.plain:
         programs["plain"] = runner.Decoder(model, params, prepared.plain)
-    if drafts:
-        draft = loaded.drafts[0]
+    if pair.draft is not None:
         programs["speculative"] = runner.Decoder(
-            model, params, prepared.speculative, draft.model, draft.params
+            model, params, prepared.speculative, pair.draft.model, pair.draft.params
         )
-        if isinstance(draft.model, cross_vocab.CrossVocabDrafter):
-            spec = common.draft_vocabulary_of(drafts[0][1], draft_vocabulary)
-            own["speculative"] = ml.load_vocabulary(spec, "draft vocabulary")
-    models = [model] + [d.model for d in loaded.drafts]
+        if pair.draft_vocabulary is not None:
+            own["speculative"] = pair.draft_vocabulary
+    models = [model] + ([pair.draft.model] if pair.draft is not None else [])
     limits = [m.max_length for m in models if getattr(m, "max_length", None) is not None]
     context = min(limits) if limits else 1 << 30
     return conversation.Programs(programs, cfg.width_multiple, draft_vocabularies=own), context
