@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """docs/exactness.md's tables from the certificate files: one row per certificate (the decode,
 its sampling, tokens scored (and the informative ones the uniformity test counts), the mid-PIT
-balance's z, the uniformity test with the deviation it could see, the stop-token
+balance's z, the test by place in a round, the uniformity test with the deviation it could see, the stop-token
 balance, tokens outside the support, the status, and the plain control where the run had one),
 and one row per broken decoder of `scripts/certify_mutants.py` (when its uniformity failed).
 
@@ -80,10 +80,19 @@ def _tests(program: dict) -> str:
     balance = program.get("balance")  # certificates from before it have none
     mid = "–" if balance is None else f"{balance['z']:+.2f}"
     return (
-        f"{tokens} | {mid} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
+        f"{tokens} | {mid} | {_places(program)} | {u['statistic']:.3f} | {u['pvalue']:.2f} | "
         f"{u['detectable_deviation']:.3f} | {stops['emitted']} / {stops['expected']:.1f} | "
         f"{stops['z']:+.2f} | ±{stops['detectable_excess']:.0f} | {program['outside_support']['count']}"
     )
+
+
+def _places(program: dict) -> str:
+    """The test by place in a round: its smallest p and the places tested ("–" before it)."""
+    found = program.get("by_offset")
+    if found is None or not found["places"]:
+        return "–"
+    smallest = min(place["pvalue"] for place in found["places"].values())
+    return f"{smallest:.2g} ({len(found['places'])})"
 
 
 def _informative(program: dict) -> str:
@@ -97,9 +106,10 @@ def _balance(program: dict) -> str:
 def table(root: pathlib.Path) -> str:
     """One row per `<root>/<name>/certificate.json`, sorted by name."""
     lines = [
-        "| certificate | decode | sampling | tokens (informative) | mid-PIT z | KS D | KS p | sees D | stops: seen / expected "
+        "| certificate | decode | sampling | tokens (informative) | mid-PIT z | by place: least "
+        "p (places) | KS D | KS p | sees D | stops: seen / expected "
         "| stops z | sees stops | outside support | status | plain control |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for path in sorted(root.glob("*/certificate.json")):
         found = json.loads(path.read_text())

@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
             "tokens": spec["tokens"],
             "informative": spec["informative"],
             "balance_z": spec["balance"]["z"],
+            "by_offset": spec["by_offset"],
             "ks_pvalue": spec["uniformity"]["pvalue"],
             "ks_statistic": spec["uniformity"]["statistic"],
             "stops_z": spec["stops"]["z"],

@@ -72,6 +72,7 @@ def _draws(probs: np.ndarray, sampled_from: np.ndarray, seed: int) -> certificat
         stop_mass=probs[:, -1],
         is_stop=tokens == probs.shape[1] - 1,
         index=np.zeros(len(probs), np.int64),
+        offset=np.arange(len(probs)) % 5,  # five places in a round, in turn
     )
 
 
@@ -106,6 +107,22 @@ def test_the_mid_pit_balance_is_noise_free_and_signed():
     assert low["z"] < 0 and not low["passed"]
     assert high["z"] > 0 and not high["passed"]
     assert 0 < low["detectable_shift"] < 0.1
+
+
+def test_a_bias_at_one_place_in_a_round_is_found_there():
+    """Draws exact at four of five places in a round and flatter at place 3 (a wrong bonus token,
+    say): the overall KS is diluted, the test by place names place 3."""
+    p = _random_distributions(3000, 12, seed=14)
+    flat = p**0.6 / np.sum(p**0.6, axis=1, keepdims=True)
+    mixed = np.where((np.arange(3000) % 5 == 3)[:, None], flat, p)
+    found = certificate.tests(_draws(p, mixed, seed=15), seed=(0, 0))
+    places = found["by_offset"]["places"]
+    assert set(places) == {"0", "1", "2", "3", "4"} and places["3"]["n"] == 600
+    assert not found["by_offset"]["passed"]
+    assert places["3"]["pvalue"] < found["by_offset"]["level_each"]
+    assert min(places[k]["pvalue"] for k in "0124") > 1e-3
+    exact = certificate.tests(_draws(p, p, seed=15), seed=(0, 0))
+    assert exact["by_offset"]["passed"] and exact["by_offset"]["level_each"] == 1e-3 / 5
 
 
 def test_the_stop_balance_finds_too_many_stops():
@@ -148,7 +165,7 @@ def _with_point_masses(scores: certificate.Scores, every: int) -> certificate.Sc
     n = scores.size
     at = np.arange(0, n, every)
     fill = {"below": 0.0, "p": 1.0, "top": 1.0, "sum_p3": 1.0, "stop_mass": 0.0}
-    fill.update(is_stop=False, index=0)
+    fill.update(is_stop=False, index=0, offset=0)
     return certificate.Scores(**{
         name: np.insert(getattr(scores, name), at, value) for name, value in fill.items()
     })  # fmt: skip
@@ -184,7 +201,8 @@ def test_the_pit_noise_is_seeded_per_run_and_per_program():
     found = {}
     for seed in (0, 1):
         found[seed] = certificate.certify(
-            lambda speculative, s: (np.zeros((1, 1)), np.ones(1)), lambda t, n: scores,
+            lambda speculative, s: (np.zeros((1, 1)), np.ones(1), np.zeros((1, 1))),
+            lambda t, n, o: scores,
             sampling.SamplingConfig(temperature=1.0), [0], max_deviation=0.2, noise_seed=seed,
             keep=kept.__setitem__,
         )  # fmt: skip

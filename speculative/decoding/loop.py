@@ -60,18 +60,22 @@ def _emit(
     count = jnp.minimum(count, limit - s.lengths)
     count = jnp.where(s.done, 0, count)
     # Writing the whole block is safe: slots past the new length are overwritten or masked later.
-    tokens = write_rows(s.tokens, block, jnp.where(s.done, limit, s.lengths))
+    start = jnp.where(s.done, limit, s.lengths)
+    tokens = write_rows(s.tokens, block, start)
+    places = jnp.broadcast_to(jnp.arange(block.shape[1], dtype=jnp.int32), block.shape)
+    offsets = write_rows(s.offsets, places, start)
     lengths = s.lengths + count
     done = s.done | has_stop | (lengths >= limit)
-    return s.replace(tokens=tokens, lengths=lengths, done=done), count
+    return s.replace(tokens=tokens, offsets=offsets, lengths=lengths, done=done), count
 
 
 def _output(s: LoopState, config: DecodeConfig, partitioner: Any) -> DecodeOutput:
     """Final loop state -> DecodeOutput (tokens [B, T], zeros after each row's length)."""
     limit = config.max_decode_len
-    tokens = s.tokens[:, :limit]
-    tokens = jnp.where(jnp.arange(limit)[None, :] < s.lengths[:, None], tokens, 0)
-    out = DecodeOutput(tokens, s.lengths, s.stats, config.lenience)
+    counted = jnp.arange(limit)[None, :] < s.lengths[:, None]
+    tokens = jnp.where(counted, s.tokens[:, :limit], 0)
+    offsets = jnp.where(counted, s.offsets[:, :limit], 0)
+    out = DecodeOutput(tokens, s.lengths, s.stats, config.lenience, offsets)
     return out if partitioner is None else partitioner.constrain_rows(out)
 
 

@@ -133,12 +133,16 @@ class DecodeOutput:
     lengths: [B] int32 generated tokens per row (EOS included).
     stats: `DecodeStats`, per row.
     lenience: the acceptance rule's factor; `exact` is False when it was below 1 (lossy output).
+    round_offsets: [B, max_decode_len] int32, each token's place in the round that emitted it (0
+      the round's first token, n the token after n accepted drafts; plain decoding: all 0), 0
+      after each row's length; the exactness certificate tests each place apart.
     """
 
     tokens: jax.Array
     lengths: jax.Array
     stats: DecodeStats
     lenience: float = flax.struct.field(pytree_node=False, default=1.0)
+    round_offsets: jax.Array | None = None
 
     @property
     def exact(self) -> bool:
@@ -155,6 +159,7 @@ class LoopState:
     prev: [B] the token at pos - 1, which the draft re-feeds each round (docs/design.md §3).
     rng: PRNG key, split once per step / round.
     tokens: [B, T + G + 1] output buffer (slack for a whole block written past the limit).
+    offsets: [B, T + G + 1] each written token's place in its round (`DecodeOutput.round_offsets`).
     lengths: [B] generated tokens so far;  done: [B] bool, EOS emitted or T reached.
     budget: [B] draft tokens each row wants next round (gamma, unless a GammaPolicy adapts it).
     stats: `DecodeStats`.
@@ -167,6 +172,7 @@ class LoopState:
     prev: jax.Array
     rng: jax.Array
     tokens: jax.Array
+    offsets: jax.Array
     lengths: jax.Array
     done: jax.Array
     budget: jax.Array
@@ -231,6 +237,7 @@ def initial_loop_state(
         prev=prev,
         rng=rng,
         tokens=jnp.zeros((size, config.max_decode_len + config.block), jnp.int32),
+        offsets=jnp.zeros((size, config.max_decode_len + config.block), jnp.int32),
         lengths=jnp.zeros((size,), jnp.int32),
         done=jnp.zeros((size,), jnp.bool_),
         budget=jnp.full((size,), initial_budget(config), jnp.int32),

@@ -36,7 +36,8 @@ uniform's somewhere (K_level: the Kolmogorov distribution's upper quantile; the 
 the farthest point has a standard deviation of at most 0.5 / sqrt(n)). The balance test finds a
 mean shift of the mid-PIT of (z_{level/2} + 1.2816) * sigma / n per informative token, and the stop
 test an excess or deficit of (z_{level/2} + 1.2816) * sigma stop tokens, with probability 0.9.
-Each test is at `level`; a certificate's four together false-alarm at most 4 * level.
+Uniformity is also tested at each place in a round apart (`by_offset`, Bonferroni over the places).
+Each test is at `level`; a certificate's five together false-alarm at most 5 * level.
 
 Greedy (T = 0): every row of the speculative decode must equal plain decoding's. Plain decoding
 goes through the same tests as the control: a failing control says the scoring is off, not the draft.
@@ -60,7 +61,7 @@ from speculative.decoding.sampling import SamplingConfig
 from speculative.decoding.state import teacher_forced_logits
 
 LEVEL = 1e-3  # each test's false-alarm rate
-TESTS = ("uniformity", "balance", "stops", "outside_support")  # a program's, in its record
+TESTS = ("uniformity", "by_offset", "balance", "stops", "outside_support")  # a program's
 MAX_DEVIATION = 0.05  # the KS deviation a certificate must see with probability 0.9
 OUTSIDE_SHARE = 1e-3  # tokens outside the scorer's support allowed, as a share
 POINT_MASS = 1.0 - 1e-6  # a position whose top token holds this much carries no information
@@ -76,7 +77,8 @@ class Scores:
     p: [N] its probability; top: [N] the largest probability there; sum_p3: [N] the sum of the
     cubed probabilities there (the mid-PIT's variance); stop_mass: [N] the stop tokens'
     probability there; is_stop: [N] bool; index: [N] its position in its row (0 = the first
-    generated token).
+    generated token); offset: [N] its place in the round that emitted it (0 = the round's first;
+    `DecodeOutput.round_offsets`).
     """
 
     below: np.ndarray
@@ -86,6 +88,7 @@ class Scores:
     stop_mass: np.ndarray
     is_stop: np.ndarray
     index: np.ndarray
+    offset: np.ndarray
 
     @property
     def size(self) -> int:
@@ -111,7 +114,7 @@ class Scores:
     def from_json(cls, data: dict[str, list]) -> Scores:
         """`to_json`'s lists back; the floats through float32, as `score` computed them (so a
         re-test gives the certificate's numbers bit for bit)."""
-        kinds = {"is_stop": bool, "index": np.int64}
+        kinds = {"is_stop": bool, "index": np.int64, "offset": np.int64}
         return cls(**{
             f.name: np.asarray(data[f.name], kinds.get(f.name, np.float32)).astype(
                 kinds.get(f.name, np.float64)
@@ -151,11 +154,13 @@ def score(
     lengths: np.ndarray,
     sampling: SamplingConfig,
     stops: Sequence[int],
+    offsets: np.ndarray | None = None,
     rows_per_call: int = 4,
 ) -> Scores:
     """Scores a decode's outputs (tokens [B, T], lengths [B]: a row's tokens past its length are
-    padding) under the target's processed distribution, a few rows a compiled call (the [b, T, V]
-    probabilities are the memory), no Python loop over positions or the vocabulary."""
+    padding; offsets [B, T] their places in their rounds, None: all 0) under the target's
+    processed distribution, a few rows a compiled call (the [b, T, V] probabilities are the
+    memory), no Python loop over positions or the vocabulary."""
     size = int(np.asarray(lengths).shape[0])
     chunk = max(d for d in range(1, min(rows_per_call, size) + 1) if size % d == 0)
     parts = []
@@ -174,6 +179,9 @@ def score(
         stop_mass=stop_mass[counted].astype(np.float64),
         is_stop=np.isin(np.asarray(tokens)[counted], np.asarray(stops)),
         index=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)[counted],
+        offset=(np.zeros(tokens.shape, np.int64) if offsets is None else np.asarray(offsets))[
+            counted
+        ].astype(np.int64),
     )
 
 
@@ -228,6 +236,23 @@ def uniformity(u: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
     }
 
 
+MIN_PER_OFFSET = 50  # informative tokens a round place needs to be tested on its own
+
+
+def by_offset(u: np.ndarray, offsets: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
+    """KS of the informative u at each place in a round (`Scores.offset`) with at least
+    MIN_PER_OFFSET of them, each at level / (places tested) (Bonferroni): a rule wrong only at
+    one place (the bonus token, say) shows there first."""
+    places = [int(k) for k in np.unique(offsets) if np.sum(offsets == k) >= MIN_PER_OFFSET]
+    each = level / max(len(places), 1)
+    found = {}
+    for k in places:
+        test = stats.kstest(u[offsets == k], "uniform")
+        found[str(k)] = {"n": int(np.sum(offsets == k)), "pvalue": float(test.pvalue)}
+    passed = all(f["pvalue"] >= each for f in found.values())
+    return {"places": found, "level_each": each, "passed": passed}
+
+
 def mid_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
     """The mid-PIT's sum against its mean (module docstring): z, and the mean shift per
     informative token it finds with probability 0.9 (negative z: sharper than the target)."""
@@ -269,6 +294,7 @@ def tests(scores: Scores, level: float = LEVEL, seed: Seed = 0) -> dict[str, Any
     """Every test of one program's scored tokens, and whether all passed."""
     found = {
         "uniformity": uniformity(pit(scores, seed), level),
+        "by_offset": by_offset(pit(scores, seed), scores.offset[scores.informative], level),
         "balance": mid_balance(scores, level),
         "stops": stop_balance(scores, level),
         "outside_support": outside_support(scores),
@@ -299,10 +325,9 @@ def caught_at(scores: Scores, level: float = LEVEL, seed: Seed = 0, start: int =
         n *= 2
 
 
-Decode = Callable[
-    [bool, int], tuple[np.ndarray, np.ndarray]
-]  # (speculative, seed) -> (tokens, lengths)
-Scorer = Callable[[np.ndarray, np.ndarray], Scores]  # (tokens [B, T], lengths [B]) -> Scores
+# (speculative, seed) -> (tokens [B, T], lengths [B], round offsets [B, T])
+Decode = Callable[[bool, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+Scorer = Callable[[np.ndarray, np.ndarray, np.ndarray], Scores]  # Decode's outputs -> Scores
 
 
 def certify(
@@ -358,7 +383,7 @@ def _greedy_identity(decode: Decode, seeds: Sequence[int]) -> dict[str, Any]:
     """T = 0: every row of the speculative decode against plain decoding's, token for token."""
     rows = identical = 0
     for seed in seeds[:1]:  # greedy ignores the key: one seed says all
-        (spec, spec_len), (plain, plain_len) = decode(True, seed), decode(False, seed)
+        (spec, spec_len, _), (plain, plain_len, _) = decode(True, seed), decode(False, seed)
         for b in range(len(spec_len)):
             rows += 1
             same = spec_len[b] == plain_len[b]

@@ -68,7 +68,8 @@ def certify_outputs(
     target = setup.target
     scores = certificate.Scores.concat([
         certificate.score(target.model, target.params, batch, np.asarray(out.tokens),
-                          np.asarray(out.lengths), sampling, setup.stop_ids)
+                          np.asarray(out.lengths), sampling, setup.stop_ids,
+                          None if out.round_offsets is None else np.asarray(out.round_offsets))
         for batch, out in zip(batches, timed.outputs, strict=True)
     ])  # fmt: skip
     return certificate.tests(scores, seed=noise_seed)

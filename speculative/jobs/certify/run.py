@@ -56,21 +56,22 @@ def certify_pair(
     batch = pair.batch(repeated, repeated_texts)
     stops = tuple(drafting.stop_ids)
 
-    def decode(speculative: bool, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def decode(speculative: bool, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = jax.random.fold_in(jax.random.PRNGKey(seed), index)
         start = time.perf_counter()
         out = pair.run(batch, drafting if speculative else plain, rng, speculative)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        offsets = np.asarray(out.round_offsets)
         name = "speculative" if speculative else "plain"
         log.info(
             f"{name} seed {index}: {int(lengths.sum())} tokens, {time.perf_counter() - start:.1f} s"
         )
-        return tokens, lengths
+        return tokens, lengths, offsets
 
-    def scorer(tokens: np.ndarray, lengths: np.ndarray) -> certificate.Scores:
+    def scorer(tokens: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> certificate.Scores:
         target = pair.target
         return certificate.score(
-            target.model, target.params, batch, tokens, lengths, sampling, stops
+            target.model, target.params, batch, tokens, lengths, sampling, stops, offsets
         )
 
     found = certificate.certify(
@@ -200,6 +201,13 @@ def certify_loaded(
     return result
 
 
+def _least_place_p(program: dict[str, Any]) -> str:
+    places = program["by_offset"]["places"]
+    if not places:
+        return "untested"
+    return f"least p {min(p['pvalue'] for p in places.values()):.3g} ({len(places)} places)"
+
+
 def summary_line(result: dict[str, Any]) -> str:
     """One line: the status, the tokens scored, the p-values and the power."""
     if "identity" in result:
@@ -211,7 +219,8 @@ def summary_line(result: dict[str, Any]) -> str:
             r = result[name]
             parts.append(
                 f"{name}: {r['tokens']} tokens ({r['informative']} informative), mid-PIT z "
-                f"{r['balance']['z']:+.2f}, KS p {r['uniformity']['pvalue']:.3g} "
+                f"{r['balance']['z']:+.2f}, by place {_least_place_p(r)}, KS p "
+                f"{r['uniformity']['pvalue']:.3g} "
                 f"(sees {r['uniformity']['detectable_deviation']:.3f}), stops z "
                 f"{r['stops']['z']:+.2f}, outside support {r['outside_support']['count']}"
             )
