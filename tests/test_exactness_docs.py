@@ -37,3 +37,24 @@ def test_each_certificate_passed_from_a_clean_commit_and_says_where():
     for path in sorted(CERTIFICATES.glob("mutants*.json")):
         record = json.loads(path.read_text())
         assert record["provenance"]["git_dirty"] is False and record["environment"]["cpu"]
+
+
+def test_kept_scores_reproduce_each_certificates_statistics():
+    """A certificate that kept its scored tokens (scores.json) re-tests to the same numbers:
+    the published figures follow from the committed data, with the run's seed and each program's
+    index as the PIT noise's seed."""
+    from speculative.measure import certificate
+
+    kept = sorted(CERTIFICATES.glob("*/scores.json"))
+    for path in kept:
+        found = json.loads((path.parent / "certificate.json").read_text())
+        scores = json.loads(path.read_text())
+        for index, name in enumerate(("speculative", "plain")):
+            if name not in found:
+                continue
+            retested = certificate.tests(
+                certificate.Scores.from_json(scores[name]), found["level"],
+                seed=(found["plan"]["seed"], index),
+            )  # fmt: skip
+            for test in ("uniformity", "balance", "stops"):
+                assert retested[test] == found[name][test], (path, name, test)

@@ -115,6 +115,8 @@ class Scores:
         """`to_json`'s lists back; the floats through float32, as `score` computed them (so a
         re-test gives the certificate's numbers bit for bit)."""
         kinds = {"is_stop": bool, "index": np.int64, "offset": np.int64}
+        if "offset" not in data:  # kept before round offsets were recorded: unknown, all 0
+            data = {**data, "offset": [0] * len(data["p"])}
         return cls(**{
             f.name: np.asarray(data[f.name], kinds.get(f.name, np.float32)).astype(
                 kinds.get(f.name, np.float64)
