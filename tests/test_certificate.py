@@ -10,6 +10,7 @@ up to 24 tokens a seed; two seeds give ~3,000 scored tokens, enough for MAX_DEVI
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import jax
@@ -135,6 +136,23 @@ def test_the_stop_balance_finds_too_many_stops():
     assert certificate.stop_balance(_draws(p, p, seed=3))["passed"]
     found = certificate.stop_balance(_draws(p, more, seed=3))
     assert found["z"] > 3.3 and not found["passed"]
+
+
+def test_the_stop_count_p_value_follows_the_counts_own_law():
+    """Stops that come mostly where the target is sure: the normal z of one stop at a 7% position
+    is +2.3 (p 0.02), its count's own law says p 0.15; a real excess still fails."""
+    chances = np.concatenate([np.ones(8), [0.85, 0.07], np.full(200, 1e-4)])
+    scores = certificate.Scores(
+        below=np.zeros(210), p=np.ones(210), top=np.ones(210), sum_p3=np.ones(210),
+        stop_mass=chances, is_stop=np.arange(210) < 10, index=np.zeros(210, np.int64),
+        offset=np.zeros(210, np.int64),
+    )  # fmt: skip
+    found = certificate.stop_balance(scores)
+    assert found["z"] > 2.2 and found["passed"]
+    # 2 P(X >= 10) = 2 * 0.85 * (1 - 0.93 * (1 - 1e-4) ** 200) = 0.151
+    assert found["pvalue"] == pytest.approx(0.151, abs=0.001)
+    more = certificate.stop_balance(dataclasses.replace(scores, is_stop=np.arange(210) < 16))
+    assert not more["passed"] and more["pvalue"] < 1e-3
 
 
 def test_power_statements():

@@ -56,5 +56,7 @@ def test_kept_scores_reproduce_each_certificates_statistics():
                 certificate.Scores.from_json(scores[name]), found["level"],
                 seed=(found["plan"]["seed"], index),
             )  # fmt: skip
-            for test in ("uniformity", "balance", "stops"):
+            for test in ("uniformity", "balance"):
                 assert retested[test] == found[name][test], (path, name, test)
+            for field in ("emitted", "expected", "z"):  # the p-value's method may be newer
+                assert retested["stops"][field] == found[name]["stops"][field], (path, field)

@@ -26,9 +26,10 @@ positive for a flatter one (a point mass adds 0 to both sums).
 
 Stop tokens get a test of their own, since where rows end is what a length bias shows:
 sum_t (1[x_t is a stop] - p_t(stops)) is a martingale of mean 0 and variance
-sum_t p_t(stops) (1 - p_t(stops)); its z-score. A token the scorer gives probability 0 (outside
-the top-k / top-p support) is counted; beyond a share of OUTSIDE_SHARE it fails (numerics at a
-support boundary may flip a rare one).
+sum_t p_t(stops) (1 - p_t(stops)); its z-score, with the p-value from the count's law given the
+visited positions' stop chances (Poisson-binomial: the normal is far off with few stops). A
+token the scorer gives probability 0 (outside the top-k / top-p support) is counted; beyond a
+share of OUTSIDE_SHARE it fails (numerics at a support boundary may flip a rare one).
 
 Power, stated with every test: KS at level `level` over n values rejects, with probability at least
 0.9, any distribution of u whose CDF is Delta_90 = (K_level + 1.2816 * 0.5) / sqrt(n) from the
@@ -271,19 +272,37 @@ def mid_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
 
 
 def stop_balance(scores: Scores, level: float = LEVEL) -> dict[str, Any]:
-    """Stop tokens emitted against their expected count along the sampled paths: z and power."""
+    """Stop tokens emitted against their expected count along the sampled paths: z, power, and a
+    p-value from the count's own law (`_count_pvalue`), not the normal's: a chat answer's stops
+    mostly come where the target is sure (p = 1), so a few uncertain positions carry the whole
+    variance, and one stop where the target gave 7% would read as z = +2.4."""
     emitted, expected = int(scores.is_stop.sum()), float(scores.stop_mass.sum())
     sigma = math.sqrt(float(np.sum(scores.stop_mass * (1.0 - scores.stop_mass))))
     z = (emitted - expected) / sigma if sigma > 0 else 0.0
     detectable = (float(stats.norm.isf(level / 2)) + _Z_POWER) * sigma
+    pvalue = _count_pvalue(scores.stop_mass, emitted)
     return {
         "emitted": emitted,
         "expected": expected,
         "z": z,
-        "pvalue": float(2 * stats.norm.sf(abs(z))),
+        "pvalue": pvalue,
         "detectable_excess": detectable,  # stop tokens, found with probability 0.9
-        "passed": bool(2 * stats.norm.sf(abs(z)) >= level),
+        "passed": bool(pvalue >= level),
     }
+
+
+def _count_pvalue(chances: np.ndarray, count: int) -> float:
+    """Two-sided p of `count` successes among independent trials with these chances (the
+    Poisson-binomial law, by dynamic programming over the trials that are neither sure nor
+    impossible): 2 * the smaller tail, at most 1."""
+    sure = int(np.sum(chances >= 1.0 - 1e-9))
+    law = np.ones(1)
+    for chance in chances[(chances > 1e-12) & (chances < 1.0 - 1e-9)]:
+        law = np.concatenate([law * (1.0 - chance), [0.0]]) + np.concatenate([[0.0], law * chance])
+    k = count - sure
+    if k < 0 or k >= len(law):
+        return 0.0
+    return float(min(1.0, 2.0 * min(law[k:].sum(), law[: k + 1].sum())))
 
 
 def outside_support(scores: Scores) -> dict[str, Any]:
