@@ -133,6 +133,22 @@ def _round_costs(
     return verify_s, predicted, sampling_s
 
 
+def _cost_model(
+    summary: Mapping[str, Any], costs: Mapping[str, Any], verify_s: float, sampling_s: float
+) -> dict[str, float]:
+    """The Point fields of Thm 3.8's accounting with measured parts: the draft's calls per row
+    and round as counted, the cost model's speedup and what a round's parts cost alone."""
+    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
+    step_s = costs["draft_step_s"]
+    return {
+        "cost_model_speedup": metrics.cost_model_speedup(
+            summary["tau"], calls, costs["target_step_s"], step_s, verify_s
+        ),
+        "round_parts_s": calls * step_s + verify_s + sampling_s,
+        "draft_calls_per_round": calls,
+    }
+
+
 def speedup_spread(plain: Timed, spec: Timed) -> dict[str, Any]:
     """The Point fields behind a speedup's interval: the speculative program's every run
     [batches][repeats], tokens per batch and per example, and the bootstrap mean and 95% interval
@@ -172,7 +188,6 @@ def make_point(
     spec_decode_s = spec.seconds - target_prefill_s - draft_prefill_s
     rounds = sum(int(np.max(np.asarray(o.stats.target_calls))) for o in spec.outputs)
     verify_s, predicted, sampling_s = _round_costs(variant, gamma, summary, costs)
-    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
     return Point(
         gamma=gamma,
         alpha=summary["alpha"],
@@ -194,12 +209,8 @@ def make_point(
         **speedup_spread(plain, spec),
         decode_speedup=(plain_decode_s / plain.tokens) / (spec_decode_s / spec.tokens),
         predicted_speedup=predicted,
-        cost_model_speedup=metrics.cost_model_speedup(
-            summary["tau"], calls, costs["target_step_s"], costs["draft_step_s"], verify_s
-        ),
+        **_cost_model(summary, costs, verify_s, sampling_s),
         round_s=spec_decode_s / max(rounds, 1),
-        round_parts_s=calls * costs["draft_step_s"] + verify_s + sampling_s,
-        draft_calls_per_round=calls,
         round_sampling_s=sampling_s,
         greedy_identical_to_plain=greedy_identical(plain, spec, greedy, variant),
         variant=variant.name,
