@@ -286,7 +286,13 @@ def _speculative_round(
 
     pos = jnp.where(active, s.pos + n + 1, s.pos)
     prev = jnp.where(n > 0, v.tokens[rows, jnp.maximum(n - 1, 0)], s.last)
-    stats = _count_round(s.stats, active, v, proposed, emitted, target_logits, draft_logits, config)
+    # the draft's model calls: as it reports them (a staged draft), else one per proposed token
+    calls = (
+        drafter.model_calls(draft_state) if "model_calls" in drafter.reported_stats else proposed
+    )
+    stats = _count_round(
+        s.stats, active, v, proposed, calls, emitted, target_logits, draft_logits, config
+    )
     stats = _count_reported(stats, drafter, draft_state, proposed, active)
     return emitted_state.replace(
         target=target_state.replace(index=pos),
@@ -300,7 +306,9 @@ def _speculative_round(
     )
 
 
-def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draft_logits, config):
+def _count_round(
+    st, active, v: _Verdict, proposed, calls, emitted, target_logits, draft_logits, config
+):
     """The DecodeStats after one round (inactive rows unchanged)."""
     n = v.num_accepted
     verified = v.tested & active[:, None]
@@ -308,7 +316,7 @@ def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draf
     drafted = proposed if config.tree is None else config.tree.size
     return st.replace(
         target_calls=st.target_calls + active,
-        draft_calls=st.draft_calls + proposed * active,
+        draft_calls=st.draft_calls + calls * active,
         drafted=st.drafted + drafted * active,
         accepted=st.accepted + jnp.where(active, n, 0),
         emitted=st.emitted + emitted,
@@ -324,8 +332,7 @@ def _count_round(st, active, v: _Verdict, proposed, emitted, target_logits, draf
 def _count_reported(st, drafter: Drafter, draft_state: Any, proposed, active):
     """The optional stats a drafter reports (`Drafter.reported_stats`), added for active rows:
     its probability outside what it may propose ([B, G], over each row's proposed positions),
-    its stalled catch-ups, its model calls (in place of the proposed count `_count_round`
-    assumed) and its lookup tokens scored / kept."""
+    its stalled catch-ups and its lookup tokens scored / kept (its model calls: `_count_round`)."""
     reported = drafter.reported_stats
     if "outside_mass" in reported:
         mass = drafter.outside_mass(draft_state)  # [B, G]
@@ -335,9 +342,6 @@ def _count_reported(st, drafter: Drafter, draft_state: Any, proposed, active):
     if "draft_stalls" in reported:
         stalled = drafter.draft_stalls(draft_state) & active
         st = st.replace(draft_stalls=st.draft_stalls + stalled.astype(jnp.int32))
-    if "model_calls" in reported:
-        calls = drafter.model_calls(draft_state) - proposed
-        st = st.replace(draft_calls=st.draft_calls + jnp.where(active, calls, 0))
     if "lookup_accepted" in reported:
         scored, kept = drafter.lookup_accepted(draft_state)
         st = st.replace(

@@ -313,16 +313,17 @@ def outside_support(scores: Scores) -> dict[str, Any]:
 
 def tests(scores: Scores, level: float = LEVEL, seed: Seed = 0) -> dict[str, Any]:
     """Every test of one program's scored tokens, and whether all passed."""
+    u = pit(scores, seed)  # one draw of the noise for every test that reads u
     found = {
-        "uniformity": uniformity(pit(scores, seed), level),
-        "by_offset": by_offset(pit(scores, seed), scores.offset[scores.informative], level),
+        "uniformity": uniformity(u, level),
+        "by_offset": by_offset(u, scores.offset[scores.informative], level),
         "balance": mid_balance(scores, level),
         "stops": stop_balance(scores, level),
         "outside_support": outside_support(scores),
     }
     passed = all(t["passed"] for t in found.values())
     # the first n (doubling) at which uniformity fails: how soon a broken decode is caught
-    first_failing = None if found["uniformity"]["passed"] else caught_at(scores, level, seed)
+    first_failing = None if found["uniformity"]["passed"] else first_failing_prefix(u, level)
     return {
         "tokens": scores.size,
         "informative": int(np.sum(scores.informative)),
@@ -335,7 +336,11 @@ def tests(scores: Scores, level: float = LEVEL, seed: Seed = 0) -> dict[str, Any
 def caught_at(scores: Scores, level: float = LEVEL, seed: Seed = 0, start: int = 64) -> int | None:
     """The fewest informative tokens (the first n, n doubling from `start`) at which the uniformity
     test fails; None if it passes on all of them: the sample size at which a broken rule is caught."""
-    u = pit(scores, seed)
+    return first_failing_prefix(pit(scores, seed), level, start)
+
+
+def first_failing_prefix(u: np.ndarray, level: float = LEVEL, start: int = 64) -> int | None:
+    """`caught_at` on u already drawn."""
     n = start
     while True:
         n = min(n, len(u))

@@ -33,6 +33,11 @@ def speedup_from_tau(tau: float, gamma: int, c: float) -> float:
     return tau / (gamma * c + 1.0)
 
 
+def draft_calls_per_round(summary: Mapping[str, Any]) -> float:
+    """The draft's calls per row and round as the decode counted them (`summarize`'s totals)."""
+    return summary["draft_calls"] / max(summary["target_calls"], 1)
+
+
 def cost_model_speedup(
     tau: float, draft_calls: float, target_step_s: float, draft_step_s: float, verify_s: float
 ) -> float:

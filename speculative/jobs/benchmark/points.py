@@ -138,7 +138,7 @@ def _cost_model(
 ) -> dict[str, float]:
     """The Point fields of Thm 3.8's accounting with measured parts: the draft's calls per row
     and round as counted, the cost model's speedup and what a round's parts cost alone."""
-    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
+    calls = metrics.draft_calls_per_round(summary)
     step_s = costs["draft_step_s"]
     return {
         "cost_model_speedup": metrics.cost_model_speedup(

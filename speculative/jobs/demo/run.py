@@ -214,7 +214,7 @@ def result_json(
     c, t_target, t_draft = costs["c"], costs["target_step_s"], costs["draft_step_s"]
     t_verify = costs["target_extend_s"][config.block]
     # the draft's calls a round as counted (a staged draft's lookup saves some of gamma)
-    calls = summary["draft_calls"] / max(summary["target_calls"], 1)
+    calls = metrics.draft_calls_per_round(summary)
     plain_s, spec_s = decoded.seconds["plain"], decoded.seconds["speculative"]
     return {
         "target": args.target,
