@@ -36,8 +36,11 @@ HUMANEVAL_PROBLEMS = 164
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One input. ids: pre-tokenized inputs (seqio tasks), else None and the job tokenizes.
-    source: where it was read, "file:line" for a file (named in errors about it)."""
+    """One input. ids: pre-tokenized inputs (seqio tasks, or a conversation rendered through a
+    chat template: `data.chat_inputs`), else None and the job tokenizes. source: where it was
+    read, "file:line" for a file (named in errors about it). messages: a JSONL row's conversation
+    (its input field a list of {"role", "content"} messages; `inputs` is then ""), asked only
+    through a chat template."""
 
     index: int
     inputs: str
@@ -45,6 +48,7 @@ class Example:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ids: tuple[int, ...] | None = None
     source: str | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
 
 
 class Tokenizer(Protocol):
@@ -145,14 +149,16 @@ def _jsonl_examples(
 ) -> list[Example]:
     examples = []
     for line_no, row in _json_objects(path):
-        if not isinstance(row.get(input_field), str):
+        if not isinstance(row.get(input_field), (str, list)):
             raise JobError(
-                f"no string field {input_field!r}", role="input", path=f"{path}:{line_no}"
+                f"no string (or list of chat messages) field {input_field!r}",
+                role="input",
+                path=f"{path}:{line_no}",
             )
         target = row.get(target_field) if target_field else None
         extra = {k: row[k] for k in passthrough if k in row}
         for field, value in [
-            (input_field, row[input_field]),
+            (input_field, json.dumps(row[input_field], ensure_ascii=False)),
             (target_field, target),
             *extra.items(),
         ]:
@@ -160,10 +166,11 @@ def _jsonl_examples(
         examples.append(
             Example(
                 index=len(examples),
-                inputs=row[input_field],
+                inputs=row[input_field] if isinstance(row[input_field], str) else "",
                 targets=target if isinstance(target, str) else None,
                 extra=extra,
                 source=f"{path}:{line_no}",
+                messages=tuple(row[input_field]) if isinstance(row[input_field], list) else None,
             )
         )
     return examples
@@ -277,6 +284,13 @@ def encode(
     """
     out = []
     for ex in examples:
+        if ex.messages is not None and ex.ids is None:
+            raise JobError(
+                f"input {ex.index} is a conversation (a list of messages): ask it through the "
+                "chat template (CHAT = True)",
+                role="input",
+                path=ex.source,
+            )
         if ex.ids is not None:
             ids, length = _trim_ids(list(ex.ids), vocabulary.eos_id, encoder_decoder, max_len)
         elif encoder_decoder:

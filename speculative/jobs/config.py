@@ -86,6 +86,10 @@ class InferConfig:
     gamma_policy: `decoding.GammaPolicy`, how many of the gamma slots each row drafts per round.
     strict_inputs: refuse an input longer than feature_lengths["inputs"] instead of truncating it
       (a truncated row records `truncated_from` and the `inputs_used`, and the summary counts them).
+    chat: ask each input through the target's chat template as a user turn (a JSONL input field
+      that is a list of {"role", "content"} messages: that conversation), the assistant's turn
+      opened (`data.chat_inputs`); chat_template: another template (text or a .jinja path) than
+      the model's own. Decoder-only targets.
     partitioner: None (one device, unsharded) or `@partitioning.create_partitioner()` (a
       ('data', 'model') mesh; batch_size must divide by 'data'); see docs/tpu.md.
     multi_host: the job runs on every host of a pod slice (`distributed.initialize`); each host
@@ -124,6 +128,8 @@ class InferConfig:
     measure_c: bool = True
     progress: bool = True
     strict_inputs: bool = False
+    chat: bool = False
+    chat_template: str | None = None
     partitioner: Any = None
     multi_host: bool = False
     compilation_cache_dir: str | None = None
@@ -208,6 +214,7 @@ class BenchmarkConfig:
     compilation timed apart. Batch sizes that do not fit in
     memory are recorded as skipped. input_file: as InferConfig ("humaneval" or a JSONL/TSV file);
     the first num_examples inputs (None: all) are used, cycled to fill a batch larger than them.
+    chat, chat_template: as InferConfig (each input asked through the chat template).
     """
 
     target: Any = gin.REQUIRED
@@ -218,6 +225,8 @@ class BenchmarkConfig:
     input_file: str = "humaneval"
     input_field: str = "inputs"
     num_examples: int | None = 8
+    chat: bool = False
+    chat_template: str | None = None
     feature_lengths: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {"inputs": 512, "targets": 64}
     )

@@ -198,6 +198,8 @@ class Inputs(common.InputLengths):
     input_field: str
     num_examples: int | None
     feature_lengths: Mapping[str, int]
+    chat: bool = False
+    chat_template: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +266,10 @@ def resolve(cfg: BenchmarkConfig, partitioner: Any = None) -> Settings:
     specs = distinct_drafts(variants)
     drafts = tuple((_draft_role(cfg, i), spec) for i, spec in enumerate(specs))
     models = Models(cfg.target, cfg.vocabulary, cfg.draft_vocabulary, partitioner, drafts)
-    inputs = Inputs(cfg.input_file, cfg.input_field, cfg.num_examples, dict(cfg.feature_lengths))
+    inputs = Inputs(
+        cfg.input_file, cfg.input_field, cfg.num_examples, dict(cfg.feature_lengths), cfg.chat,
+        cfg.chat_template,
+    )  # fmt: skip
     sweep = Sweep(
         variants=tuple(variants),
         named=cfg.variants is not None,

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from speculative import vocab
-from speculative.data import inputs
+from speculative.data import chat_inputs, inputs
 from speculative.jobs import common
 from speculative.jobs.benchmark.settings import Settings
 from speculative.loading import specs as ml
@@ -62,6 +62,10 @@ def load(s: Settings) -> Setup:
     )
     vocabulary = ml.load_vocabulary(s.models.vocabulary, "vocabulary")
     m = s.models
+    examples = chat_inputs.prepare(  # before any weights load: a missing template fails fast
+        examples, vocabulary, chat=s.inputs.chat, template=s.inputs.chat_template,
+        encoder_decoder=ml.is_encoder_decoder(m.target),
+    )  # fmt: skip
     loaded = common.load_models(
         m.target, m.drafts, vocabulary, m.vocabulary, m.draft_vocabulary, m.partitioner
     )

@@ -16,7 +16,7 @@ import gin
 import jax
 
 from speculative import vocab
-from speculative.data import inputs
+from speculative.data import chat_inputs, inputs
 from speculative.data.inputs import Example
 from speculative.jobs import common
 from speculative.jobs import spmd as job_spmd
@@ -44,6 +44,10 @@ def run(cfg: InferConfig) -> dict[str, Any]:
     examples = batches.load_examples(s.inputs)
     vocabulary = ml.load_vocabulary(s.models.vocabulary, "vocabulary")
     encoder_decoder = ml.is_encoder_decoder(s.models.target)
+    examples = chat_inputs.prepare(
+        examples, vocabulary, chat=s.inputs.chat, template=s.inputs.chat_template,
+        encoder_decoder=encoder_decoder,
+    )  # fmt: skip
     # strict inputs: refused before any write
     encoded = batches.encode_inputs(s.inputs, examples, vocabulary, encoder_decoder)
     writer = job_spmd.is_writer()

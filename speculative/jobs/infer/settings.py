@@ -143,6 +143,8 @@ class Inputs(common.InputLengths):
     task_module: str | None
     num_examples: int | None
     strict_inputs: bool
+    chat: bool
+    chat_template: str | None
 
 
 @dataclasses.dataclass(frozen=True)
