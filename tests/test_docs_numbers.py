@@ -606,7 +606,7 @@ CURRENT_FIGURES = [
     ),
     _current(_R13, A, "0.920", HF_BF16, f"{HF_STAGED}.alpha", "{:.3f}"),
     _current(_R13, T, "4.79", HF_BF16, f"{HF_STAGED}.tokens_per_target_call", "{:.2f}"),
-    _current(_R13, S, "1.554x", HF_BF16, "cells[0].ours_over_best_hf_assisted", "{:.3f}x"),
+    _current(_R13, S, "1.55x", HF_BF16, "cells[0].ours_over_best_hf_assisted", "{:.2f}x"),
     _current(_R14, SET, "HumanEval 0-7", BATCH, "num_examples", lambda n: f"HumanEval 0-{n - 1}"),
     _current(_R14, SET, "64 tokens", BATCH, "feature_lengths.targets", "{} tokens"),
     _current(_R14, A, "0.914", BATCH, "cells[batch_size=1].alpha", "{:.3f}"),
