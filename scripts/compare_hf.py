@@ -250,6 +250,7 @@ def run(args) -> dict[str, Any]:
         hf_dtypes=list(args.hf_dtypes),
         stop_ids=list(stop_ids),
         load_s={"ours": ours.load_s, **{_hf_side(d): h.load_s for d, h in hfs.items()}},
+        hf_weights={_hf_side(d): h.routes for d, h in hfs.items()},  # dense, not GGUF-packed
         compile_s=ours.compile_s,
         cells=cells,
         machine=dict(cpus=os.cpu_count(), platform=platform.platform()),

@@ -11,15 +11,39 @@ from typing import Any
 
 from speculative.decoding.sampling import SamplingConfig
 
+# How transformers is asked to load a GGUF file: dense. transformers 5.x keeps a quantized file's
+# weights packed in GGUF blocks, unpacked on every forward, where the `kernels` package finds a
+# published GGUF kernel for the machine (else it unpacks them at load, with a warning): a packed
+# model is not the one a transformers user runs, and its speed would flatter ours.
+DENSE = "GgufConfig(dequantize=True)"
+
 
 def hf_model(path: pathlib.Path, dtype: str) -> Any:
-    """transformers' causal LM of a GGUF file, dequantised to the torch `dtype`, in eval mode."""
+    """transformers' causal LM of a GGUF file, dequantised at load into dense `dtype` weights
+    (`DENSE`), in eval mode; RuntimeError if any weight is left packed (`weights_route`)."""
     import torch
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent,
+        gguf_file=path.name,
+        dtype=getattr(torch, dtype),
+        quantization_config=transformers.GgufConfig(dequantize=True),
     ).eval()
+    route = weights_route(model)
+    if route["packed_modules"] or route["parameter_dtypes"] != [dtype]:
+        raise RuntimeError(f"{path.name}: transformers did not load dense {dtype} weights: {route}")
+    return model
+
+
+def weights_route(model: Any) -> dict[str, Any]:
+    """How a transformers model holds its weights: the quantization config it was loaded with,
+    its parameters' dtypes and the modules that are not plain torch ones (GGUF-packed layers)."""
+    packed = sorted(
+        name for name, module in model.named_modules() if "gguf" in type(module).__module__.lower()
+    )
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    return {"load": DENSE, "parameter_dtypes": dtypes, "packed_modules": packed}
 
 
 def hf_tokenizer(path: pathlib.Path) -> Any:
@@ -30,7 +54,8 @@ def hf_tokenizer(path: pathlib.Path) -> Any:
 
 
 class HuggingFace:
-    """transformers' generate on the same GGUF files (dequantised by transformers, in `dtype`)."""
+    """transformers' generate on the same GGUF files (dense `dtype` weights: `hf_model`); `routes`
+    records how each model holds its weights, for the result file."""
 
     def __init__(self, target_path, draft_path, args, dtype: str = "float32"):
         import torch
@@ -41,6 +66,7 @@ class HuggingFace:
         start = time.perf_counter()
 
         self.target, self.draft = hf_model(target_path, dtype), hf_model(draft_path, dtype)
+        self.routes = {"target": weights_route(self.target), "draft": weights_route(self.draft)}
         self.tokenizer = hf_tokenizer(target_path)
         self.load_s = time.perf_counter() - start
         self.calls = 0

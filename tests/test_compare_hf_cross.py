@@ -136,3 +136,22 @@ def test_cross_draft_programs_on_both_sides(tmp_path, scripts):
                 assert seconds > 0 and stats["target_calls"] >= 1 and tokens
                 if sampling.greedy:
                     assert tokens == plain[side], (name, tokens, plain[side])
+
+
+def test_transformers_models_are_loaded_dense(tmp_path, scripts):
+    """compare_hf's transformers side loads a GGUF file as dense weights of the dtype asked
+    (GgufConfig(dequantize=True)), never GGUF-packed layers unpacked on every forward, and says
+    so in the route the result file records."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import hf_generate  # scripts/, on the path through the `scripts` fixture
+
+    path = write_bpe_model(_trained(TARGET_TEXT, 300, "<|endoftext|>"), tmp_path / "t.gguf", 0)
+    for dtype in ("float32", "bfloat16"):
+        model = hf_generate.hf_model(path, dtype)
+        route = hf_generate.weights_route(model)
+        assert route == {
+            "load": hf_generate.DENSE,
+            "parameter_dtypes": [dtype],
+            "packed_modules": [],
+        }
