@@ -92,3 +92,19 @@ def test_benchmark_times_the_rendered_prompts(tmp_path, monkeypatch):
     result = benchmark.main([*flags, f"--gin.CHAT_TEMPLATE='''{CHATML}'''"])
     # "<|user|>Hello\n<|assistant|>": 27 bytes, bucketed to 32 (the raw "Hello" would be 8)
     assert result["cells"][0]["input_widths"] == [32]
+
+
+def test_an_encoder_decoder_target_reads_no_chat_template():
+    from speculative import vocab
+    from speculative.data import chat_inputs
+    from speculative.data.inputs import Example
+
+    examples = [Example(0, "Hi")]
+    with pytest.raises(JobError, match="CHAT needs a decoder-only target"):
+        chat_inputs.prepare(
+            examples, vocab.ByteVocabulary(), chat=True, template=CHATML, encoder_decoder=True
+        )
+    asked = chat_inputs.prepare(
+        examples, vocab.ByteVocabulary(), chat=True, template=CHATML, encoder_decoder=False
+    )
+    assert asked[0].inputs == "<|user|>Hi\n<|assistant|>" and len(asked[0].ids) == 24
