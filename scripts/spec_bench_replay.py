@@ -211,10 +211,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
     parser.add_argument("--draft_form", default="draft, full head")
+    parser.add_argument(
+        "--rounds",
+        help="scripts/loop_round_costs.py's JSON: a round of width w costs what a lookup round of "
+        "gamma w - 1 cost inside the loop (the verify call, the rule, the bookkeeping), in plain "
+        "steps, instead of the bare verify call's `extend` time",
+    )
     args = parser.parse_args(argv)
     costs = json.loads(pathlib.Path(args.costs).read_text())
     step = costs["target"]["target_step_s"]
     verify = {int(k): v for k, v in costs["target"]["extend_in_steps"].items()}
+    if args.rounds:  # measured in the loop: k proposals make a (k + 1)-token verify call
+        rounds = json.loads(pathlib.Path(args.rounds).read_text())["rounds"]
+        verify |= {int(g) + 1: r["in_steps"] for g, r in rounds.items()}
     c = costs["drafts"][args.draft_form]["c"]
     prefill_t = costs["prefill_s"]["target"]
     prefill_d = next(iter(v for k, v in costs["prefill_s"].items() if k != "target"))
@@ -297,6 +306,8 @@ def main(argv: list[str]) -> None:
     np.savez(cache_path, **cache)
     summary = summarize(turns, [*strategies, *LOOKUP_VARIANTS, *ROUTES, CEILING])
     report = {"turns": turns, "summary": summary, "costs": args.costs, "run": args.run}
+    report["rounds"] = args.rounds
+    report["verify_in_steps"] = {str(k): v for k, v in sorted(verify.items())}
     report["tau"] = taus(turns, [*strategies, *LOOKUP_VARIANTS])
     report["environment"] = provenance.environment()
     report["provenance"] = provenance.git_state()
