@@ -88,6 +88,14 @@ def main(argv: list[str]) -> None:
             "tokens": int(out.lengths[0]),
         }  # fmt: skip
         print(f"gamma {g}: a round {round_s * 1e3:.0f} ms = {round_s / step:.2f} steps", flush=True)
+    # the bare verify call beside it, same process, same minutes: what the loop adds to a round
+    cache = config(None, args.max_new_tokens).cache_length(model, batch)
+    bare = timing.target_costs(model, params, batch, cache, [g + 1 for g in args.gammas])
+    report["bare_extend_in_steps"] = {
+        str(n): s / bare["target_step_s"] for n, s in bare["target_extend_s"].items()
+    }
+    report["bare"] = bare
+    print(f"bare extend in steps: {report['bare_extend_in_steps']}", flush=True)
     report |= {"seconds": seconds, "compile_s": compile_s}
     report["environment"] = provenance.environment()
     report["provenance"] = code
