@@ -177,10 +177,16 @@ def replay(
     draft tokens (`draft` the teacher-forced argmax); lookup alone (`draft` None,
     `lookup_gamma` tokens a round); or a mix: lookup's `lookup_gamma` tokens when its match is at
     least `trust` tokens long, else the draft's `gamma`. A mix's lookup round still feeds the
-    draft what the last round committed (one draft call, counted as a step)."""
+    draft what the last round committed (one draft call, counted as a step). trust "plain" with
+    lookup alone: a plain step (width 1) where the lookup matches nothing, instead of a round
+    proposing the last token again."""
     i, rounds, steps, widths = 0, 0, 0, []
     n = len(answer)
     while i < n:
+        if draft is None and trust == "plain" and lookup[i][1] == 0:
+            i, rounds = i + 1, rounds + 1
+            widths.append(1)
+            continue
         use_lookup = draft is None or (trust is not None and lookup[i][1] >= trust)
         if use_lookup:
             proposal = lookup[i][0][:lookup_gamma]
@@ -245,7 +251,8 @@ def main(argv: list[str]) -> None:
 
     strategies = {"plain": None}
     strategies |= {f"chain g{g}": (g, 0, None) for g in GAMMAS}
-    strategies |= {f"lookup g{g}": (0, g, "lookup") for g in (3, 5, 7)}
+    strategies |= {f"lookup g{g}": (0, g, "lookup") for g in range(1, 9)}
+    strategies |= {f"lookup g{g}, plain where unmatched": (0, g, "plain") for g in range(1, 9)}
     strategies |= {
         f"mix g{g}, lookup g{k} at n>={t}": (g, k, t)
         for g in (3, 5)
@@ -281,13 +288,14 @@ def main(argv: list[str]) -> None:
                     record[name] = {"rounds": len(answer), "predicted_s": seconds}
                     continue
                 gamma, lookup_gamma, how = spec
-                uses_draft = how != "lookup"
+                uses_draft = how not in ("lookup", "plain")
                 rounds, steps, widths = replay(
                     answer, argmax if uses_draft else None, lookup, gamma, lookup_gamma,
                     None if how in (None, "lookup") else how,
                 )  # fmt: skip
+                # width 1: a plain step, one step by definition
                 seconds = record["prefill_target_s"] + step * (
-                    sum(verify[w] for w in widths) + c * steps
+                    sum(verify[w] if w > 1 else 1.0 for w in widths) + c * steps
                 )
                 seconds += record["prefill_draft_s"] if uses_draft else 0.0
                 record[name] = {"rounds": rounds, "draft_steps": steps, "predicted_s": seconds}
