@@ -66,7 +66,11 @@ def test_infer_asks_inputs_and_conversations_through_the_template(tmp_path, monk
             ["--gin.CHAT=True", f"--gin.CHAT_TEMPLATE='''{CHATML}'''"],
             r"in\.jsonl:1.*message 0 has no role",
         ),
-        ([{"inputs": 7}], [], r"in\.jsonl:1.*no string \(or list of chat messages\) field"),
+        (
+            [{"inputs": 7}],
+            [],
+            r"in\.jsonl:1.*no string field 'inputs' \(nor a list of chat messages\)",
+        ),
     ],
 )
 def test_infer_refuses_chat_inputs_asked_wrongly(tmp_path, monkeypatch, rows, extra, match):

@@ -10,7 +10,9 @@ import pathlib
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RUNS = ["benchmarks/spec_bench_qwen_cpu"]
+RUNS = ["benchmarks/spec_bench_qwen_cpu", "benchmarks/spec_bench_lookup"]
+REPLAY = ROOT / "benchmarks/spec_bench_replay/replay.json"
+ROUND_COSTS = ROOT / "benchmarks/loop_round_costs/round_costs.json"
 COSTS = ROOT / "benchmarks/spec_bench_costs/costs.json"
 
 
@@ -33,3 +35,15 @@ def test_each_run_records_a_clean_commit_and_its_machine():
         summary = json.loads((ROOT / run / "summary.json").read_text())
         assert summary["provenance"]["git_commit"] and summary["provenance"]["git_dirty"] is False
         assert summary["environment"]["cpu"] and summary["environment"]["jax"]
+
+
+def test_the_replay_table_is_generated_from_its_file_of_a_clean_commit():
+    replay = helpers.load_script("spec_bench_replay")
+    report = json.loads(REPLAY.read_text())
+    page = (ROOT / "docs/spec_bench.md").read_text()
+    assert replay.table(report["summary"], replay.DOC_ROWS) in page, "regenerate the replay table"
+    assert report["provenance"]["git_commit"] and report["provenance"]["git_dirty"] is False
+    costs = json.loads(ROUND_COSTS.read_text())
+    assert costs["provenance"]["git_dirty"] is False and costs["environment"]["cpu"]
+    # the replay was priced by those round costs
+    assert report["verify_in_steps"]["8"] == costs["rounds"]["7"]["in_steps"]

@@ -151,7 +151,7 @@ def _jsonl_examples(
     for line_no, row in _json_objects(path):
         if not isinstance(row.get(input_field), (str, list)):
             raise JobError(
-                f"no string (or list of chat messages) field {input_field!r}",
+                f"no string field {input_field!r} (nor a list of chat messages)",
                 role="input",
                 path=f"{path}:{line_no}",
             )
