@@ -229,7 +229,12 @@ def main(argv: list[str]) -> None:
     verify = {int(k): v for k, v in costs["target"]["extend_in_steps"].items()}
     if args.rounds:  # measured in the loop: k proposals make a (k + 1)-token verify call
         rounds = json.loads(pathlib.Path(args.rounds).read_text())["rounds"]
-        verify |= {int(g) + 1: r["in_steps"] for g, r in rounds.items()}
+        measured = {int(g) + 1: r["in_steps"] for g, r in rounds.items()}
+        widths = sorted(measured)  # a width between two measured ones: linear between them
+        verify |= {
+            w: float(np.interp(w, widths, [measured[x] for x in widths]))
+            for w in range(widths[0], widths[-1] + 1)
+        }
     c = costs["drafts"][args.draft_form]["c"]
     prefill_t = costs["prefill_s"]["target"]
     prefill_d = next(iter(v for k, v in costs["prefill_s"].items() if k != "target"))
