@@ -24,6 +24,7 @@ acceptance is random; measure it with the job.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -58,19 +59,13 @@ def draft_argmax(loaded: ml.Loaded, prompt: Sequence[int], answer: Sequence[int]
     batch = inputs.decoder_batch([list(prompt)], pad_to=-(-len(prompt) // 128) * 128)
     width = -(-len(answer) // 64) * 64
     tokens = jnp.asarray([list(answer) + [0] * (width - len(answer))], jnp.int32)
-    logits = _tf(loaded.model, loaded.params, batch, tokens)
-    return np.asarray(logits)[0, : len(answer)]
+    argmax = _teacher_forced_argmax(loaded.model, loaded.params, batch, tokens)
+    return np.asarray(argmax)[0, : len(answer)]
 
 
-def _tf(model, params, batch, tokens):
-    fn = _TF.get(id(model))
-    if fn is None:
-        fn = jax.jit(lambda p, b, t: jnp.argmax(teacher_forced_logits(model, p, b, t), -1))
-        _TF[id(model)] = fn
-    return fn(params, batch, tokens)
-
-
-_TF: dict[int, object] = {}
+@functools.partial(jax.jit, static_argnums=0)  # one compile per model and shape
+def _teacher_forced_argmax(model, params, batch, tokens):
+    return jnp.argmax(teacher_forced_logits(model, params, batch, tokens), -1)
 
 
 @jax.jit
@@ -148,21 +143,15 @@ def lookup_variant_rounds(
     return rounds, verify
 
 
-_VARIANTS: dict[tuple, object] = {}
-
-
+@functools.cache  # one compiled proposer per variant
 def _variant(max_ngram: int, min_ngram: int, tree: TreeShape | None):
-    key = (max_ngram, min_ngram, tree)
-    if key not in _VARIANTS:
+    def propose(ids, length, last):
+        ids, length, last = ids[None], length[None], last[None]
+        if tree is None:
+            return continuation(ids, length, last, 7, max_ngram, min_ngram)[0]
+        return _lookup_tree(ids, length, last, tree, max_ngram, min_ngram)[0]
 
-        def propose(ids, length, last):
-            ids, length, last = ids[None], length[None], last[None]
-            if tree is None:
-                return continuation(ids, length, last, 7, max_ngram, min_ngram)[0]
-            return _lookup_tree(ids, length, last, tree, max_ngram, min_ngram)[0]
-
-        _VARIANTS[key] = jax.jit(propose)
-    return _VARIANTS[key]
+    return jax.jit(propose)
 
 
 def replay(
