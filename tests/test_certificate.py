@@ -382,6 +382,16 @@ def test_prompts_come_from_texts_a_file_and_spec_bench_questions(tmp_path):
     assert ids == [byte.encode(t) for t in texts]
     with pytest.raises(JobError, match="no prompts: set PROMPTS, INPUT_FILE"):
         prompts_of(CertifyConfig(output_dir="unused", target=None, chat=False), byte)
+    # CHAT: each text a user turn through the template, as the other jobs render it
+    from tests.test_cross_vocab import TARGET_TEXT, _trained
+
+    bpe = _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    ids, texts = prompts_of(dataclasses.replace(cfg, chat=True, chat_template=template), bpe)
+    assert texts[0] == "<user>a prompt<assistant>" and texts[-1] == "<user>Bonjour ?<assistant>"
+    assert ids == [bpe.encode_rendered(t) for t in texts]
+    with pytest.raises(JobError, match="chat template"):
+        prompts_of(dataclasses.replace(cfg, chat=True), bpe)  # it has no template of its own
 
 
 def test_the_notebook_certifies_with_the_jobs_code():

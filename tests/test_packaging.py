@@ -16,6 +16,7 @@ import pytest
 
 import speculative
 from speculative.config import gin_flags
+from speculative.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 JOB_DEFAULTS = {
@@ -140,6 +141,27 @@ def test_demo_shows_whole_lines_and_no_ansi_codes_in_a_file(capsys):
     demo.print_completion(inputs.Example(0, "def f():\n"), {**row, "completion": "    pass"})
     out = capsys.readouterr().out  # not a terminal: no bold escape codes
     assert "def f():\n    pass" in out and "\033" not in out
+
+
+def test_demo_asks_chat_questions_through_the_template():
+    """--chat: each question a user turn rendered by the template, tokenized as rendered; a
+    vocabulary without a template is one line naming how to give one."""
+    import argparse
+
+    from speculative.jobs.demo import run as demo
+    from tests.test_cross_vocab import TARGET_TEXT, _trained
+
+    bpe = _trained(TARGET_TEXT, 300, "<|endoftext|>")
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
+    args = argparse.Namespace(chat=["Hi?", "Two primes."], chat_template=template, prompts=2)
+    asked = demo.prompts(args, bpe)
+    assert [e.inputs for e in asked] == [
+        "[user] Hi?\n[assistant]",
+        "[user] Two primes.\n[assistant]",
+    ]
+    assert [list(e.ids) for e in asked] == [bpe.encode_rendered(e.inputs) for e in asked]
+    with pytest.raises(JobError, match="chat template"):
+        demo.prompts(argparse.Namespace(chat=["Hi?"], chat_template=None, prompts=1), bpe)
 
 
 def test_a_job_leaves_gin_open_for_modules_imported_after_it(tmp_path):

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from speculative import decoding, vocab
-from speculative.data import inputs, spec_bench
+from speculative.data import chat_inputs, inputs, spec_bench
 from speculative.errors import JobError
 from speculative.jobs import pairs
 from speculative.jobs.certify.config import CertifyConfig, SamplePlan
@@ -27,7 +27,6 @@ from speculative.loading import specs as ml
 from speculative.measure import certificate
 from speculative.outputs import provenance
 from speculative.outputs.job_io import hold_output_dir
-from speculative.vocab import chat
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +138,12 @@ def prompts_of(cfg: CertifyConfig, vocabulary: Any) -> tuple[list[list[int]], li
         )
     if not cfg.chat:
         return [vocabulary.encode(t) for t in texts], texts
-    try:
-        template = chat.find_template(vocabulary, cfg.chat_template)
-        rendered = [template.render([{"role": "user", "content": t}]) for t in texts]
-    except ValueError as e:
-        raise JobError(str(e), role="chat template") from None
-    return [chat.encode_rendered(vocabulary, r) for r in rendered], rendered
+    asked = chat_inputs.render(
+        [inputs.Example(i, t) for i, t in enumerate(texts)],
+        vocabulary,
+        chat_inputs.template_for(vocabulary, cfg.chat_template),
+    )
+    return [list(e.ids) for e in asked], [e.inputs for e in asked]
 
 
 def prepare(cfg: CertifyConfig) -> Prepared:

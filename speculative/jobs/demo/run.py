@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints, decoding, vocab
-from speculative.data import inputs
+from speculative.data import chat_inputs, inputs
 from speculative.decoding.sampling import SamplingConfig
 from speculative.drafts import shortlist, staged
 from speculative.errors import LOADER_ERRORS, JobError
@@ -29,7 +29,6 @@ from speculative.loading import fetch
 from speculative.measure import metrics, runner, timing
 from speculative.models import decoder, int8, precision
 from speculative.outputs import provenance
-from speculative.vocab import chat
 
 log = logging.getLogger(__name__)
 
@@ -298,15 +297,10 @@ def prompts(args: argparse.Namespace, vocabulary: Any) -> list[inputs.Example]:
     through the chat template (the model's own unless --chat_template), tokenized as rendered."""
     if not args.chat:
         return inputs.read_examples("humaneval", limit=args.prompts)
-    try:
-        template = chat.find_template(vocabulary, args.chat_template)
-        texts = [template.render([{"role": "user", "content": q}]) for q in args.chat]
-    except ValueError as e:
-        raise JobError(str(e), role="chat template") from None
-    return [
-        inputs.Example(i, text, ids=tuple(chat.encode_rendered(vocabulary, text)))
-        for i, text in enumerate(texts)
-    ]
+    questions = [inputs.Example(i, q) for i, q in enumerate(args.chat)]
+    return chat_inputs.render(
+        questions, vocabulary, chat_inputs.template_for(vocabulary, args.chat_template)
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import gin
 import jax
 
 from speculative import vocab
-from speculative.data import spec_bench
+from speculative.data import chat_inputs, spec_bench
 from speculative.errors import JobError
 from speculative.jobs import common, pairs
 from speculative.jobs.spec_bench.config import SpecBenchConfig
@@ -68,11 +68,7 @@ def prepare(cfg: SpecBenchConfig) -> Prepared:
         raise JobError(f"width_multiple must be a positive integer, got {cfg.width_multiple!r}")
     target = pairs.model_spec(cfg.target)
     vocabulary = ml.load_vocabulary(cfg.vocabulary or pairs.vocab_spec(target), "vocabulary")
-    try:
-        template = chat.find_template(vocabulary, cfg.chat_template)
-        template.render([{"role": "user", "content": "?"}])  # a broken template fails here
-    except ValueError as e:
-        raise JobError(str(e), role="chat template") from None
+    template = chat_inputs.template_for(vocabulary, cfg.chat_template)
     stops = vocab.stop_ids(vocabulary)
     plain, drafting, _ = pairs.decode_configs(stops, cfg)
     return Prepared(chosen, vocabulary, template, stops, plain, drafting, cfg.seed)
