@@ -176,6 +176,27 @@ def table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def doc_table(summary: Mapping[str, Any]) -> str:
+    """docs/spec_bench.md's table: per task, each program's Spec-Bench speedup over our plain
+    decoding (plain decoding's tokens per second in the first column), then each side's best and
+    their ratio."""
+    scores, best = summary["scores"], summary["best"]
+    names = [n for n in next(iter(scores.values())) if n != OURS_PLAIN]
+    lines = [
+        "| task | ours plain tok/s | " + " | ".join(names) + " | best ours / best HF |",
+        "|---|---|" + "---|" * len(names) + "---|",
+    ]
+    for group, programs in scores.items():
+        cells = [f"{programs[n]['speedup']:.2f}x" for n in names]
+        b = best[group]
+        ratio = f"{b['ours_over_best_hf']:.2f}x" if "ours_over_best_hf" in b else "-"
+        lines.append(
+            f"| {group} | {programs[OURS_PLAIN]['mean_tokens_per_s']:.2f} | "
+            + " | ".join(cells) + f" | {ratio} |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
 def run(peers: argparse.Namespace, cfg: SpecBenchConfig) -> dict[str, Any]:
     code = provenance.git_state()  # before anything runs: a long run's tree may be edited
     prepared = job.prepare(cfg)

@@ -49,3 +49,13 @@ def test_the_replay_table_is_generated_from_its_file_of_a_clean_commit():
     assert costs["provenance"]["git_commit"] and costs["environment"]["cpu"]
     # the replay was priced by those round costs
     assert report["verify_in_steps"]["8"] == costs["rounds"]["7"]["in_steps"]
+
+
+def test_the_hugging_face_table_is_generated_from_its_file_of_a_clean_commit(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # it imports scripts/hf_generate.py
+    script = helpers.load_script("spec_bench_hf")
+    summary = json.loads((ROOT / "benchmarks/spec_bench_hf/summary.json").read_text())
+    page = (ROOT / "docs/spec_bench.md").read_text()
+    assert script.doc_table(summary) in page, "regenerate the Hugging Face table"
+    assert summary["provenance"]["git_commit"] and summary["provenance"]["git_dirty"] is False
+    assert summary["this_run"]["stopped"] and summary["this_run"]["questions"] == 6

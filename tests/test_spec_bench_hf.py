@@ -46,6 +46,16 @@ def test_best_of_each_side_per_task(script):
     assert best["best_hf"] == "hf prompt lookup 10 [float32]"  # HF's plain is not a candidate
     assert best["fastest_hf_plain"] == "hf plain [float32]"
     assert best["ours_over_best_hf"] == pytest.approx(15.0 / 9.0)
+    for name, speedup in (
+        ("speculative", 1.2),
+        ("lookup gamma 7", 1.5),
+        ("hf plain [float32]", 0.8),
+        ("hf assisted 3 [float32]", 0.7),
+        ("hf prompt lookup 10 [float32]", 0.9),
+    ):
+        scores["qa"][name]["speedup"] = speedup  # fmt: skip
+    table = script.doc_table({"scores": scores, "best": {"qa": best}})
+    assert "| qa | 10.00 | 1.20x | 1.50x | 0.80x | 0.70x | 0.90x | 1.67x |" in table
     assert script.hf_name("bfloat16", ("lookup", 10)) == "hf prompt lookup 10 [bfloat16]"
     assert script.hf_name("float32", "default") == "hf assisted default [float32]"
 
@@ -103,3 +113,4 @@ def test_ours_and_transformers_on_the_same_conversations(tmp_path, script):
     assert route["parameter_dtypes"] == ["float32"] and not route["packed_modules"]
     assert summary["versions"]["transformers"] and "git_commit" in summary["provenance"]
     assert "| overall | speculative |" in (out / "summary.md").read_text()
+    assert script.doc_table(summary).splitlines()[-1].startswith("| overall | ")
