@@ -221,12 +221,7 @@ def run(peers: argparse.Namespace, cfg: SpecBenchConfig) -> dict[str, Any]:
         for index, question in enumerate(prepared.questions):
             row = job.ask(cfg, prepared, programs, context, index)  # ours, plain first
             for name, decode in hf_programs.items():
-                turns = conversation.converse(
-                    decode, prepared.template, prepared.vocabulary, question.turns,
-                    stops=prepared.stops, context=context, max_new_tokens=cfg.max_new_tokens,
-                    system=cfg.system, where=f"question {question.question_id}",
-                )  # fmt: skip
-                row["programs"][name] = {"turns": [t.to_json() for t in turns]}
+                row["programs"][name] = job.answer(cfg, prepared, question, decode, context)
             rows.append(row)
             rows_file.write(json.dumps(row) + "\n")
             rows_file.flush()

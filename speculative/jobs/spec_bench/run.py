@@ -141,13 +141,25 @@ def ask(
             key = jax.random.fold_in(jax.random.PRNGKey(prepared.seed), question.question_id)
             return programs.run(name, ids, jax.random.fold_in(key, turn), text)
 
-        turns = conversation.converse(
-            decode, prepared.template, prepared.vocabulary, question.turns,
-            stops=prepared.stops, context=context, max_new_tokens=cfg.max_new_tokens,
-            system=cfg.system, where=f"question {question.question_id} ({question.source})",
-        )  # fmt: skip
-        row["programs"][name] = {"turns": [t.to_json() for t in turns]}
+        row["programs"][name] = answer(cfg, prepared, question, decode, context)
     return row
+
+
+def answer(
+    cfg: SpecBenchConfig,
+    prepared: Prepared,
+    question: spec_bench.Question,
+    decode: Any,
+    context: int,
+) -> dict[str, Any]:
+    """One program's answers to every turn of `question` (`conversation.converse` with `decode`):
+    a row's {"turns": [...]}."""
+    turns = conversation.converse(
+        decode, prepared.template, prepared.vocabulary, question.turns,
+        stops=prepared.stops, context=context, max_new_tokens=cfg.max_new_tokens,
+        system=cfg.system, where=f"question {question.question_id} ({question.source})",
+    )  # fmt: skip
+    return {"turns": [t.to_json() for t in turns]}
 
 
 def run(cfg: SpecBenchConfig) -> dict[str, Any]:
